@@ -706,3 +706,72 @@ def test_a_nan_tensor_hook_that_stops_on_nan_stops_the_loop_cleanly_with_a_check
     assert _a_loop_whose_loss_turns_nan(tf, train, train.NanTensorHook, False, eager=mode == "eager",
                                         checkpoint_dir=ours) == expected
     assert committed_steps(ours) == [0]  # the CheckpointSaverHook's save at the creation; none of step 4
+
+
+def _a_loop_whose_loss_stays_nan(tf, module, eager: bool, checkpoint_dir: str) -> dict:  # type: ignore[no-untyped-def]
+    """TF's CIFAR-10 tutorial's pattern with a checkpoint_dir, whose loss turns NaN at the 6th run and stays
+    NaN (a diverged model: no rollback gets past it), the program catching TF's NanLossDuringTrainingError
+    around its session block, as a program that reports the NaN and exits does. How many runs it made, what
+    it caught (class name, text, TF's class, procsv's), and whether every committed checkpoint is finite."""
+    import numpy as np
+
+    seen: dict = {"runs": 0}
+    try:
+        if eager:
+            w = tf.Variable(1.0, name="w")
+            x = {"value": 1.0}
+
+            def step():  # type: ignore[no-untyped-def]
+                w.assign_add(0.1 * x["value"])
+                return w * x["value"]
+
+            with module.MonitoredTrainingSession(hooks=[module.NanTensorHook(None)], checkpoint_dir=checkpoint_dir,
+                                                 checkpoint={"w": w}, save_checkpoint_steps=2,
+                                                 log_step_count_steps=None) as sess:
+                while not sess.should_stop() and seen["runs"] < 30:
+                    x["value"] = float("nan") if int(module.get_global_step().numpy()) >= 5 else 1.0
+                    sess.run(step)
+                    seen["runs"] += 1
+        else:
+            with tf.Graph().as_default():
+                gs = tf.compat.v1.train.get_or_create_global_step()
+                x = tf.compat.v1.placeholder(tf.float32, [])
+                w = tf.compat.v1.get_variable("w", initializer=1.0)
+                loss = w * x
+                train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, global_step=gs)
+                with module.MonitoredTrainingSession(hooks=[module.NanTensorHook(loss)], checkpoint_dir=checkpoint_dir,
+                                                     save_checkpoint_steps=2, log_step_count_steps=None) as sess:
+                    while not sess.should_stop() and seen["runs"] < 30:
+                        sess.run(train_op, feed_dict={x: float("nan") if seen["runs"] >= 5 else 1.0})
+                        seen["runs"] += 1
+    except tf.compat.v1.train.NanLossDuringTrainingError as e:
+        seen["caught"] = (type(e).__name__, str(e), isinstance(e, module.NanLossDuringTrainingError))
+    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    paths = list(state.all_model_checkpoint_paths) if state is not None else []
+    seen["finite"] = all(np.isfinite(tf.train.load_checkpoint(p).get_tensor(k)).all() for p in paths
+                         for k in tf.train.load_checkpoint(p).get_variable_to_shape_map() if k.startswith("w"))
+    return seen
+
+
+@pytest.mark.slow
+def test_a_nan_tensor_hook_whose_nan_the_rollback_gives_up_raises_tensorflows_catchable_error(tmp_path, capfd):
+    # before: with a checkpoint_dir, procsv's --on-nonfinite rollback took the hook's tensor and, where it gave
+    # the NaN up (here --max-skips 3 exceeded in graph mode, the final checkpoint's state in eager mode), ended
+    # the process with exit code 4 through a SystemExit that no `except` of the program saw. The program
+    # chose NanTensorHook(fail_on_nan_loss=True): its run (or its block's end) raises TF's catchable
+    # NanLossDuringTrainingError, as TF's hook at the NaN run; no checkpoint of the NaN state is committed
+    # (TF's own CheckpointSaverHook commits step 6's NaN weights)
+    import tensorflow as tf
+
+    from procsv import train
+
+    theirs = _a_loop_whose_loss_stays_nan(tf, tf.compat.v1.train, eager=False, checkpoint_dir=str(tmp_path / "tf"))
+    assert theirs == {"runs": 5, "caught": ("NanLossDuringTrainingError", "NaN loss during training.", True),
+                      "finite": False}
+    for mode in ("graph", "eager"):
+        ours = _a_loop_whose_loss_stays_nan(tf, train, eager=mode == "eager", checkpoint_dir=str(tmp_path / mode))
+        assert ours["caught"] == theirs["caught"] and ours["finite"] is True, (mode, ours)
+        assert ours["runs"] >= 5, (mode, ours)  # procsv finds the NaN at a check of the kept losses, not at once
+        said = capfd.readouterr().err
+        assert "rollback gives up" in said and "NanTensorHook(fail_on_nan_loss=True) raises NanLossDuringTrainingError" \
+            in said and "non-finite training at step " in said, (mode, said)

@@ -433,12 +433,17 @@ def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_bac
 @pytest.mark.slow
 def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir, tmp_path):
     # steps 21 and 23: the second skip is over --max-skips 1 (the checkpoint of step 30 finds each
-    # at the latest): the step boundary inside sess.run stops the session with exit 4
+    # at the latest): the step boundary inside sess.run gives up. The program's NanTensorHook
+    # (fail_on_nan_loss=True) watches the loss: its run raises the hook's NanLossDuringTrainingError (issue
+    # 67; before, procsv's own exit 4, a SystemExit), which the program lets escape: the trainer exits 4 and the
+    # watchdog judges it diverging (exit 4, no restart), not a program's failure (exit 1)
     code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_MONITORED,
                                    opts=("--max-skips", "1")), 240)
     said = out + err
     assert code == 4, said
     assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said
+    assert "non-finite training at step 23" in said and "the program's NanTensorHook(fail_on_nan_loss=True) raises " \
+        "NanLossDuringTrainingError" in said, said
     assert "giving up: the trainer is diverging" in said, said
     assert status_json(logdir)["state"] == "failed"
     _all_committed_are_finite(logdir)
@@ -448,6 +453,7 @@ def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(l
                       timeout=180)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "non-finite training at step 40" in done.stderr and "the final checkpoint's state" in done.stderr
+    assert "raises NanLossDuringTrainingError" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def _graph_values(where: str) -> dict[str, bytes]:

@@ -21,7 +21,8 @@ committed is read back with TensorFlow's own readers.
   chief's are TF's, a worker's are None as TF's non-chief's, and its ``summary_computed`` raises TF's
   "requires a summary writer" (compared with TF's own Supervisor in graph mode; an eager worker too).
 * ``Supervisor(global_step=None)`` in a graph that has a global step: ``sv.global_step`` is None, as
-  TF's (left out, it is the graph's), and the program trains as under TF's.
+  TF's (left out, it is the graph's), and the program trains as under TF's; in an eager program too:
+  procsv counts the runs, saves ``model.ckpt`` (TF's name without a step) and a rerun resumes the count.
 """
 
 from __future__ import annotations
@@ -252,3 +253,34 @@ def test_global_step_none_in_a_graph_that_has_one_gives_none_as_tensorflows_and_
     assert seen["tf"] == {"global_step": None, "v": 3.0, "step": 3}
     assert seen["procsv"] == seen["tf"]
     assert seen["default"] is True  # left out (USE_DEFAULT): the graph's, as TF's
+
+
+def test_global_step_none_in_an_eager_program_is_no_step_counted_by_procsv_saved_unnumbered_and_resumed(logdir):
+    # before: an eager Supervisor took global_step=None for "not given": it created a step variable, handed it
+    # out as sv.global_step and saved it in model.ckpt-N. As in graph mode (the test above), None is TF's
+    # "no global step": sv.global_step is None, procsv counts the runs, the checkpoint is TF's name without a
+    # step (model.ckpt) holding the program's state only, and a rerun resumes the count from its manifest
+    import tensorflow as tf
+
+    import procsv
+
+    seen = []
+    for _ in range(2):  # the program, then its rerun in the same logdir
+        w = tf.Variable(0.0, name="w")
+        sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, global_step=None, save_summaries_secs=None)
+        assert sv.global_step is None
+        with sv.managed_session() as sess:
+            began = (sv.step, float(w.numpy()))
+            for _ in range(3):
+                sess.run(lambda: w.assign_add(1.0))
+        seen.append({"began": began, "ended": (sv.step, float(w.numpy())), "global_step": sv.global_step})
+    assert seen == [{"began": (0, 0.0), "ended": (3, 3.0), "global_step": None},
+                    {"began": (3, 3.0), "ended": (6, 6.0), "global_step": None}]
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt")
+    assert sorted(f for f in os.listdir(logdir) if f.startswith("model.ckpt")) == [
+        "model.ckpt.data-00000-of-00002", "model.ckpt.data-00001-of-00002", "model.ckpt.index"]
+    stored = tf.train.load_checkpoint(os.path.join(logdir, "model.ckpt"))
+    assert float(stored.get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")) == 6.0
+    assert not [k for k in stored.get_variable_to_shape_map() if "global_step" in k]
+    left_out = procsv.Supervisor(logdir=None, checkpoint={"w": tf.Variable(0.0)})  # USE_DEFAULT: the created one
+    assert isinstance(left_out.global_step, tf.Variable) and left_out.global_step.dtype == tf.int64

@@ -961,6 +961,27 @@ def test_a_death_notice_of_a_diverging_trainer_waits_for_its_exit_status():
     assert g.exit_code == 4 and sim.view.exit_code == 4
 
 
+@pytest.mark.parametrize("code", [4, 1], ids=["rollback_gave_up", "the_programs_own"])
+def test_an_uncaught_nan_loss_error_is_diverging_exit_4_where_the_rollback_gave_up_else_a_program_failure(code):
+    # issue 67: where procsv's rollback gives a NaN up in a session whose NanTensorHook(fail_on_nan_loss=True)
+    # watches the loss, the program's run raises the hook's NanLossDuringTrainingError, which exits 4 if let
+    # escape (a SystemExit too): the run is diverging, exit 4, never restarted. The hook's own raise (no
+    # rollback: --on-nonfinite stop, no checkpoint_dir) exits 1: a failure of the program, given up with exit 1
+    sim = Sim(Limits(restart=RestartPolicy(max_restarts=10, jitter=0.0), hang=HangLimits(None, None)))
+    sim.start_trainer(steps=5)
+    sim.commit(5)  # progress: another failure would restart at once
+    error = ChildError("NanLossDuringTrainingError", "NaN loss during training.", "", "run", 5)
+    observe.death_noticed(sim.view, TRAINER, 1, sim.now, 0.0, error)
+    assert not of(sim.tick(), Restart)  # the death notice waits for the exit status
+    c = sim.view.children[TRAINER]
+    observe.reaped(sim.view, TRAINER, c.attempt, Failure(c.role, c.attempt, c.pid, code, 0.0, "log", error), sim.now)
+    actions = sim.tick()
+    assert not of(actions, Restart) and not of(actions, Spawn)
+    (g,) = of(actions, GiveUp)
+    assert g.exit_code == code and sim.view.exit_code == code
+    assert ("diverging" if code == 4 else "NanLossDuringTrainingError: a failure of the program") in g.reason
+
+
 def test_a_trainer_that_stopped_stepping_is_no_stall_of_the_checkpoint_service():
     # before: a trainer SIGSTOPped (a hang) made no step and asked for no save; 30 s after the last commit
     # (3 x save_model_secs) the healthy checkpoint service was SIGKILLed as stalled, while the hang rule

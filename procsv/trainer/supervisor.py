@@ -35,6 +35,7 @@ from procsv.trainer.checkpoint.commits import CHECKPOINT_FAILURE_LIMIT
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator, LooperThread
 from procsv.trainer.frontend.port import FrontEnd
+from procsv.trainer.graph.state import CountedStep
 from procsv.trainer.managed import ManagedSession, ManagedSessionContext
 from procsv.trainer.nonfinite.spike import SpikeThresholds
 from procsv.trainer.once import warn_once
@@ -60,11 +61,13 @@ class Supervisor(SupervisorNames):
 
     * ``checkpoint``: what to save -- a ``tf.train.Checkpoint`` or a mapping of names to trackables
       (model, optimizer, ...). ``None`` disables checkpoints; nothing passed: ``tf1_args.state_given``.
-    * ``global_step``: an int64 ``tf.Variable``; created if not given (``USE_DEFAULT``; eager: None too). It
-      is saved in the checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``,
-      unless the program advances it itself (detected at its first steps and re-checked every 100;
-      ``increment_global_step=True/False`` forces it). Graph mode: ``USE_DEFAULT`` is the graph's, None
-      none (``sv.global_step`` is None, as TF's; procsv counts the session's runs).
+    * ``global_step``: an int64 ``tf.Variable``; created if not given (``USE_DEFAULT``). It is saved in
+      the checkpoint as ``global_step`` and advanced by one by every ``session.run(step_fn)``, unless the
+      program advances it itself (detected at its first steps and re-checked every 100;
+      ``increment_global_step=True/False`` forces it). Graph mode: ``USE_DEFAULT`` is the graph's. None, in
+      both modes, is TF's "no global step": ``sv.global_step`` is None and procsv counts the session's runs
+      (:attr:`step`); the checkpoints are ``<logdir>/<checkpoint_basename>``, rewritten at each save (TF's
+      name without a step), holding no step; the count is in their manifest and a restore resumes it.
     * TF1's ``graph``, ``saver``, ``summary_op``, ``summary_writer``... (keywords): see ``tf1_args``.
     * ``summary_fn``: called every ``save_summaries_secs`` at a step boundary; returns a mapping of
       scalar tags to values (the TF2 stand-in for ``summary_op``).
@@ -154,8 +157,10 @@ class Supervisor(SupervisorNames):
         self.increment_global_step, self.checkpoint = increment_global_step, checkpoint
         self.coord = Coordinator(clock=clock)
         # (graph mode: the program's runs advance the global step; GraphSession observes it)
-        self._counter = StepCounter(self._global_step, False if self._tf1.graph else increment_global_step,
-                                    private=created)
+        # (eager global_step=None: procsv counts every run, as for a graph without a step)
+        counted = isinstance(self._global_step, CountedStep)
+        self._counter = StepCounter(self._global_step, False if self._tf1.graph else True if counted
+                                    else increment_global_step, private=created)
         # what each step reads: the step, and when the step boundary next may have work
         self._state = StepState(clock, self.coord, self._counter)
 
@@ -208,8 +213,11 @@ class Supervisor(SupervisorNames):
     @property
     def global_step(self) -> Any:
         """The global step variable (int64). Handing it out makes procsv advance it at every step.
-        Graph mode: the graph's global step variable."""
-        return self._tf1.graph.global_step if self._tf1.graph is not None else self._counter.expose()
+        Graph mode: the graph's global step variable. None for ``global_step=None`` (TF's: no global
+        step; procsv counts the session's runs, :attr:`step`) and in a graph without one."""
+        if self._tf1.graph is not None:
+            return self._tf1.graph.global_step
+        return None if isinstance(self._global_step, CountedStep) else self._counter.expose()
 
     @property
     def front_end(self) -> FrontEnd:

@@ -25,6 +25,7 @@ from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator
+from procsv.trainer.graph.state import CountedStep
 from procsv.trainer.graph.supervised import GraphSupervision
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
 from procsv.trainer.nonfinite.spike import SpikeThresholds
@@ -99,16 +100,20 @@ def layout_for(logdir: Optional[str], ctx: Optional[bootstrap.ChildContext], *, 
 
 def trackable_state(checkpoint: Any, global_step: Any) -> tuple[Any, Any, bool]:
     """The state to save (a ``tf.train.Checkpoint``, built from a mapping of names to trackables;
-    None: nothing is saved), the ``global_step`` variable (the one given, else the checkpoint's
-    ``global_step``, else a new int64 one; the checkpoint holds it as ``global_step``) and whether
-    procsv created that variable (then the program holds it only once it asks the Supervisor)."""
+    None: nothing is saved), the ``global_step`` (the variable given; for ``USE_DEFAULT`` the
+    checkpoint's ``global_step``, else a new int64 one, which the checkpoint holds as ``global_step``;
+    for None, TF's "no global step", a :class:`CountedStep`: procsv counts the session's runs, as for
+    a graph without one, and the checkpoint holds no step) and whether procsv created that variable
+    (then the program holds it only once it asks the Supervisor)."""
     import tensorflow as tf
 
-    global_step = None if global_step is USE_DEFAULT else global_step
     if checkpoint is not None and not isinstance(checkpoint, tf.train.Checkpoint):
         if not isinstance(checkpoint, Mapping):
             raise UsageError("checkpoint must be a tf.train.Checkpoint or a mapping of names to trackables")
         checkpoint = tf.train.Checkpoint(**checkpoint)
+    if global_step is None:  # TF's None: no global step (sv.global_step is None); its checkpoints are <basename>
+        return checkpoint, CountedStep(), False
+    global_step = None if global_step is USE_DEFAULT else global_step
     created = False
     if global_step is None:
         existing = getattr(checkpoint, "global_step", None) if checkpoint is not None else None

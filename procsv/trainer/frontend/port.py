@@ -66,6 +66,12 @@ class RollbackPort:
         (:meth:`NonfiniteRollback.program_stopped_on_nonfinite`)."""
         self._rollback.program_stopped_on_nonfinite()
 
+    def program_fails_on_nan(self, raise_error: Callable[[str], None]) -> None:
+        """The program's own ``NanTensorHook(fail_on_nan_loss=True)`` watches this session's loss: where the
+        rollback gives a NaN up, ``raise_error(line)`` raises the hook's error
+        (:meth:`NonfiniteRollback.program_fails_on_nan`)."""
+        self._rollback.program_fails_on_nan(raise_error)
+
     @property
     def checks_losses(self) -> bool:
         """The losses kept are checked here (:attr:`NonfiniteRollback.checks_losses`): else a

@@ -244,9 +244,10 @@ def _read_op(var: Any) -> Any:
 
 
 class CountedStep:
-    """The step of a graph without a global step, with :class:`GraphGlobalStep`'s surface: a count
-    kept in Python (the session counts every run as a step; a restore sets it from the checkpoint's
-    manifest). Nothing is built in the program's graph: TF's Supervisor adds no global step either."""
+    """The step of a graph without a global step (and of an eager ``Supervisor(global_step=None)``),
+    with :class:`GraphGlobalStep`'s surface: a count kept in Python (the session counts every run as a
+    step; a restore sets it from the checkpoint's manifest). Nothing is built in the program's graph:
+    TF's Supervisor adds no global step either."""
 
     var: Any = None
     tensor: Any = None

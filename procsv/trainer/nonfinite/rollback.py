@@ -128,7 +128,9 @@ class NonfiniteRollback:
                                     spiked=self._spiked if judges else None)
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged, self.refused)
-        self._program_stopped = False  # the program's NanTensorHook(fail_on_nan_loss=False) stopped on a NaN
+        self._program_stopped = ""  # how the program's NanTensorHook ended the training on a NaN ("": it did not)
+        # the program's NanTensorHook(fail_on_nan_loss=True) watches the loss: raises its error (None: none does)
+        self._program_fails: Optional[Callable[[str], None]] = None
         self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
                                      self._wind_down, self._over_budget)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
@@ -142,7 +144,14 @@ class NonfiniteRollback:
     def program_stopped_on_nonfinite(self) -> None:
         """The program's ``NanTensorHook(fail_on_nan_loss=False)`` stopped the training on a NaN loss, as it
         asked: the final checkpoint of that state is not committed, and that is no failure (:meth:`refused`)."""
-        self._program_stopped = True
+        self._program_stopped = "NanTensorHook(fail_on_nan_loss=False) stopped the training"
+
+    def program_fails_on_nan(self, raise_error: Callable[[str], None]) -> None:
+        """The program's own ``NanTensorHook(fail_on_nan_loss=True)`` watches this session's loss (procsv
+        rolls its NaNs back): where the rollback gives a non-finite loss up (the skip bound, nothing to roll
+        back to, diverging), ``raise_error(line)`` raises the hook's error, as TF's hook at a NaN loss, instead
+        of procsv's exit 4 (:meth:`stop_diverged`); not in a trainer group (its members stop together: exit 4)."""
+        self._program_fails = raise_error
 
     @property
     def checks_losses(self) -> bool:
@@ -168,7 +177,7 @@ class NonfiniteRollback:
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: its notices go through ``channels``."""
         self._channels = channels
-        self._program_stopped = False
+        self._program_stopped, self._program_fails = "", None
 
     def detach(self) -> None:
         self._channels = None
@@ -229,7 +238,7 @@ class NonfiniteRollback:
         watch = self.watch
         if final and self._program_stopped and not watch.group_refusal:  # the program's own clean stop on it
             print(f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; the program's "
-                  "NanTensorHook(fail_on_nan_loss=False) stopped the training: the final checkpoint is not committed "
+                  f"{self._program_stopped}: the final checkpoint is not committed "
                   "(the newest committed one is finite)", file=sys.stderr, flush=True)
             return
         snapshot_only = not final and bad.bad_step is None and not watch.group_refusal
@@ -252,11 +261,20 @@ class NonfiniteRollback:
         self.stop_diverged(bad, why, final)
 
     def stop_diverged(self, bad: NonFiniteState, why: str, final: bool) -> None:
+        """Stop on ``bad``, ``why`` it is not rolled back: :meth:`NonfiniteWatch.refused` (exit 4), or, for a
+        non-finite loss the program's ``NanTensorHook(fail_on_nan_loss=True)`` watches under ``rollback``, its
+        error (:meth:`program_fails_on_nan`); a program that catches it and ends its session block cleanly
+        gets no final checkpoint of a non-finite state (a refusal then is said in one line, :meth:`refused`)."""
         agent = self._agent
         if self.watch.stops:
             self._wind_down(bad.step)
         member = agent is not None and not agent.saving and bool(self.watch.group_refusal)  # (a group's, not the chief)
-        self.watch.refused(bad, None if member else agent.last_committed if agent is not None else -1, final, why)
+        hook = self._program_fails if (self.watch.policy == OnNonfinite.ROLLBACK and bad.bad_step is not None
+                                       and not isinstance(bad, LossSpiked) and not self.watch.group_refusal) else None
+        if hook is not None:
+            self._program_stopped = "NanTensorHook(fail_on_nan_loss=True) raised NanLossDuringTrainingError"
+        self.watch.refused(bad, None if member else agent.last_committed if agent is not None else -1, final, why,
+                           raise_error=hook)
 
     def _spiked(self, found: tuple[Spike, ...], step: int) -> None:
         """The watch's hand-off of the losses it judged for spikes (see :meth:`SpikeResponse.judged`)."""

@@ -126,10 +126,13 @@ class NonfiniteWatch:
         """A refusal that is not rolled back stops training (every policy but ``continue``)."""
         return self.policy != OnNonfinite.CONTINUE
 
-    def refused(self, bad: NonFiniteState, last_committed: Optional[int], final: bool = False, why: str = "") -> None:
+    def refused(self, bad: NonFiniteState, last_committed: Optional[int], final: bool = False, why: str = "",
+                raise_error: Optional[Callable[[str], None]] = None) -> None:
         """A snapshot of ``bad.step`` was refused; ``last_committed``: the newest committed step (-1:
         none; None: this trainer saves none, a group's member other than the chief, which does not know
-        what the chief committed). ``stop`` raises :class:`TrainingDiverged`; ``continue`` says so and
+        what the chief committed). ``stop`` raises :class:`TrainingDiverged` (``rollback`` where it gives up,
+        with ``why``; ``raise_error``: the program's ``NanTensorHook(fail_on_nan_loss=True)`` watches the loss,
+        and ``raise_error(line)`` raises its error instead, a :class:`TrainingDiverged` too); ``continue`` says so and
         trains on, and says again, at the 2nd, 4th, 8th ... refusal, why no checkpoint commits (a
         month-long run that went non-finite is not silent about it; the watchdog's stall rule knows it
         from the same refusal)."""
@@ -153,6 +156,13 @@ class NonfiniteWatch:
             self.first = self.first or bad
             return
         self.first = self.first or bad
+        if raise_error is not None:
+            message = (f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; --on-nonfinite "
+                       f"rollback gives up ({why}): the program's NanTensorHook(fail_on_nan_loss=True) raises "
+                       "NanLossDuringTrainingError, as TensorFlow's (let escape, the trainer exits with code 4, "
+                       f"diverging); no checkpoint of this state is committed: {newest}")
+            print(message, file=sys.stderr, flush=True)
+            raise_error(message.removeprefix("procsv: "))
         message = (f"procsv: non-finite training at step {bad.first_step}: {bad.describe()}; --on-nonfinite "
                    f"{self.policy.value}: stopping in order with exit code 4 (diverging), without a checkpoint of "
                    f"this state: {newest}")
