@@ -172,3 +172,19 @@ def test_a_keras_fits_spike_and_nan_skips_survive_a_restart_from_a_checkpoint_ol
         for key in a.files[:4]:
             assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key  # bit-equal
         assert int(a[a.files[4]]) == 58 and int(b[b.files[4]]) == 60  # the skipped batches count no iteration
+
+
+@pytest.mark.slow
+def test_in_plain_python_a_keras_fits_spike_whose_batches_are_not_kept_gets_no_verdict(tmp_path: pathlib.Path) -> None:
+    # before: with the batches since the restored state not kept (here none: replay_memory_bytes=0), the rollback
+    # went on with fit's next batches as the steps from the restored one, and the spike's "replay" at step 50 judged
+    # another batch's loss: "did not come again when replayed": taken for a transient fault of the machine. Now the
+    # verdict is dropped, said in the rollback's line (keras_nan.py, 9 epochs of 10 batches, batch 49 scaled 7-fold)
+    done = run_python([KERAS_NAN, "--backup-dir", os.path.join(tmp_path, "run"), "--on-spike", "rollback",
+                       "--spike-at", "49", "--epochs", "9", "--noise", "0.5", "--op-determinism",
+                       "--replay-memory-mib", "0"], env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "procsv: the loss of step 50 spiked: " in said and "of fit's batches are not trained again" in said, said
+    assert "; step 50 not replayed: no verdict on whose the spike was; training on" in said, said
+    assert "did not come again when replayed" not in said and "transient fault" not in said, said

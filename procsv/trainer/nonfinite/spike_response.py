@@ -179,10 +179,14 @@ class SpikeResponse:
             walk.check_spike_at(bad.detected)
         for hook in watch.on_restored:
             hook(restored)
-        walk.plan_next(restored)
         skipped = f"step {bad.onset}" if bad.onset == bad.detected else f"steps {bad.onset}-{bad.detected}"
         then = (f"replaying to step {bad.onset - 1}, then skipping {skipped}" if skip else
                 f"replaying {skipped} to tell a transient fault of the machine from the data's")
+        if walk.abandoned and not skip:  # a hook cannot replay them (Keras fit: not all its batches since are kept)
+            walk.drop_spike_check(bad.detected)  # a verdict on other batches' losses would be no verdict on these
+            self._replaying.pop(bad.detected, None)
+            then = f"{walk.abandoned}; {skipped} not replayed: no verdict on whose the spike was"
+        walk.plan_next(restored)
         print(f"procsv: {bad.what}; --on-spike rollback: restored step {restored} from {source}, {then}; training on",
               file=sys.stderr, flush=True)
         return ""
