@@ -13,7 +13,9 @@ that a NaN rolled back never reaches it). Under ``--on-spike rollback`` the same
 spike's batches again (to tell the data's spike from the machine's) and its skips skip them; a spike
 since the last check is judged at those epoch and ``fit`` ends too (:meth:`FitRollback.settle`). A
 skipped step changes no variable (Keras' iteration counter does not count it); the (epoch, batch)
-position a snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
+position a snapshot records follows the restored and the replayed steps. A step this run skipped
+before, met again by a restarted trainer (or a relaunch) before fit's loop drew its batch, has that
+batch drawn by the loop's next call, which trains none (:meth:`FitRollback.draw_skipped`). A step whose batch is not kept (past
 the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
 the fallback, exact except for the batches not trained again, which one line names at the restore
 (:func:`not_trained_again`; the bad step is then not retried). When fit has no batch left for

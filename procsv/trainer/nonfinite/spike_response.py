@@ -31,7 +31,9 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   Exact replays need deterministic kernels (``tf.config.experimental.enable_op_determinism``): where
   a step's result varies from run to run, every spike is taken for the machine's. A spike found by
   the final checkpoint's check (no step left to replay), or one the skip bound does not allow, stops
-  the run as ``stop`` does, saying why. A non-finite step's rollback under way is not cut short:
+  the run as ``stop`` does, saying why. A spike whose steps the program cannot replay (a restore hook
+  gave the replay up: Keras fit's batches since the restored state not all kept) gets no verdict, said
+  in the rollback's line. A non-finite step's rollback under way is not cut short:
   such a spike is only said.
 """
 
