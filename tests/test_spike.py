@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, run_python
+from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, run_python, sigkill_where_it_says, skipped_steps
 from plain_runs import run_plain_programs
 
 SPIKE_TRAIN = os.path.join(PROGRAMS, "spike_train.py")
@@ -137,3 +137,54 @@ def test_in_plain_python_a_keras_fits_spike_is_skipped_and_a_transient_one_kept_
         for key in a.files[:4]:
             assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key  # bit-equal
         assert int(a[a.files[4]]) == 59 and int(b[b.files[4]]) == 60  # the skipped batch counts no iteration
+
+
+@pytest.mark.slow
+def test_a_keras_fits_spike_and_nan_skips_survive_a_restart_from_a_checkpoint_older_than_them(
+        logdir: str, tmp_path: pathlib.Path) -> None:
+    # before: a restarted fit did not skip again the steps this run had skipped (NonfiniteRollback.resume left
+    # Keras fit out: fit's resume draws batches by position), and the new trainer had no loss history to find
+    # the spike again: it trained batch 49. Now the watchdog's skipped steps reach fit too, and fit's loop draws
+    # such a step's batch and trains none. keras_nan.py, 6 epochs of 10 batches, checkpoints every 30 batches,
+    # no in-memory snapshot: batch 42's input is NaN (step 43: rolled back, retried, skipped), batch 49 is
+    # scaled 7-fold (step 50: spiked, replayed, again bit for bit, skipped); the trainer is SIGKILLed after
+    # batch 53, before the checkpoint of step 60: the restarted one restores an older one (step 31) and skips 43 and 50 again.
+    # Bit-equal to a plain fit whose batches 42 and 49 have sample weight 0 (SGD: no update)
+    common = ("--epochs", "6", "--noise", "0.5", "--op-determinism")
+    rolled, plain = os.path.join(tmp_path, "rolled.npz"), os.path.join(tmp_path, "plain.npz")
+    kill_file = os.path.join(tmp_path, "kill-me")
+    proc = launch(logdir, "--on-spike", "rollback", "--spike-at", "49", "--nan-at", "42", "--save-freq", "30",
+                  "--kill-after", "53", "--kill-file", kill_file, "--weights-out", rolled, *common, target=KERAS_NAN,
+                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+    code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "batch 53")
+    said = out + err
+    assert code == 0, said
+    assert "was killed by SIGKILL; restarted" in said and "skipped step 43 (" in said, said
+    assert "and so again when replayed, bit for bit; --on-spike rollback: restored step " in said, said
+    assert [e["step"] for e in _events(logdir, "restored")][-1] < 43, said  # older than both skips
+    for step in (43, 50):  # the restarted trainer's own lines
+        assert f"[trainer.2] procsv: skipping step {step} again (this run skipped it before)" in said, said
+    assert skipped_steps(logdir) == [43, 50], said
+    assert said.count("procsv: the loss of step 50 spiked: ") == 2, said  # (the restarted trainer trains no spike)
+    run_plain_programs([(KERAS_NAN, ("--no-callback", "--zero-weight-at", "42", "--zero-weight-at", "49",
+                                     "--weights-out", plain, *common))], env=quiet_env())
+    with np.load(rolled) as a, np.load(plain) as b:
+        for key in a.files[:4]:
+            assert a[key].dtype == b[key].dtype and a[key].tobytes() == b[key].tobytes(), key  # bit-equal
+        assert int(a[a.files[4]]) == 58 and int(b[b.files[4]]) == 60  # the skipped batches count no iteration
+
+
+@pytest.mark.slow
+def test_in_plain_python_a_keras_fits_spike_whose_batches_are_not_kept_gets_no_verdict(tmp_path: pathlib.Path) -> None:
+    # before: with the batches since the restored state not kept (here none: replay_memory_bytes=0), the rollback
+    # went on with fit's next batches as the steps from the restored one, and the spike's "replay" at step 50 judged
+    # another batch's loss: "did not come again when replayed": taken for a transient fault of the machine. Now the
+    # verdict is dropped, said in the rollback's line (keras_nan.py, 9 epochs of 10 batches, batch 49 scaled 7-fold)
+    done = run_python([KERAS_NAN, "--backup-dir", os.path.join(tmp_path, "run"), "--on-spike", "rollback",
+                       "--spike-at", "49", "--epochs", "9", "--noise", "0.5", "--op-determinism",
+                       "--replay-memory-mib", "0"], env=quiet_env(), timeout=180)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "procsv: the loss of step 50 spiked: " in said and "of fit's batches are not trained again" in said, said
+    assert "; step 50 not replayed: no verdict on whose the spike was; training on" in said, said
+    assert "did not come again when replayed" not in said and "transient fault" not in said, said

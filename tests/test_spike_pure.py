@@ -384,9 +384,13 @@ class _Walk:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any]] = []
+        self.abandoned = ""  # (a restore hook's giving the replay up: none here)
 
     def restored(self) -> None:
         self.calls.append(("restored", None))
+
+    def drop_spike_check(self, detected: int) -> None:
+        self.calls.append(("drop_check", detected))
 
     def skip_quietly(self, steps: Any) -> None:
         self.calls.append(("quietly", list(steps)))

@@ -22,6 +22,8 @@
     --rss               print "rss_mib first=F peak=P": VmRSS after the first batch, and its peak after any batch
     --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
     --terminate-on-nan  also keras.callbacks.TerminateOnNaN (it stops fit at a batch whose logs["loss"] is NaN)
+    --kill-after I      (with --kill-file F) after fit's batch I (counted from 0 over the fit), unless F exists:
+                        write this process's pid to F and wait (at most 120 s) to be killed
     --no-callback       a plain fit, without procsv
     --backup-dir D      BackupAndRestore(backup_dir=D) (for a plain `python keras_nan.py` run)
     --weights-out F     write the final weights and the optimizer's iteration count here (.npz)
@@ -56,6 +58,8 @@ p.add_argument("--replay-memory-mib", type=float, default=None)
 p.add_argument("--keras-version", default=None)
 p.add_argument("--rss", action="store_true")
 p.add_argument("--terminate-on-nan", action="store_true")
+p.add_argument("--kill-after", type=int, default=None)
+p.add_argument("--kill-file", default=None)
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 p.add_argument("--backup-dir", default=None)
@@ -115,6 +119,23 @@ class Rss(keras.callbacks.Callback):  # type: ignore[misc]
         Rss.peak = max(Rss.peak, now)
 
 
+class KillPoint(keras.callbacks.Callback):  # type: ignore[misc]
+    epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+        KillPoint.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+        if KillPoint.epoch * args.batches + batch != args.kill_after or os.path.exists(args.kill_file):
+            return
+        with open(args.kill_file + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(args.kill_file + ".tmp", args.kill_file)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 if args.keras_version:
     keras.__version__ = args.keras_version
 callbacks = [Delay()] if args.batch_delay else []
@@ -122,6 +143,8 @@ if args.rss:
     callbacks.append(Rss())
 if args.terminate_on_nan:
     callbacks.append(keras.callbacks.TerminateOnNaN())
+if args.kill_after is not None:
+    callbacks.append(KillPoint())
 if not args.no_callback:
     import procsv.keras
 

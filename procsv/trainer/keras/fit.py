@@ -48,7 +48,8 @@ from procsv.trainer.keras import restore_target
 from procsv.trainer.keras import resume
 from procsv.trainer.keras import step_warmup
 from procsv.trainer.keras.replay import BatchReplay, default_cap, keras_tested, untested_keras_line
-from procsv.trainer.keras.rollback import PAST_CAP, UNTESTED, FitPosition, FitRollback, not_trained_again, stop_untrained
+from procsv.trainer.keras.rollback import (PAST_CAP, UNTESTED, FitPosition, FitRollback, SkippedBatch, not_trained_again,
+                                          stop_untrained)
 from procsv.trainer.once import warn_once
 from procsv.trainer.managed import ManagedSession, follows_moves
 from procsv.trainer.nonfinite.spike import SpikeThresholds
@@ -363,7 +364,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             return self._logs()
         if sv.should_stop():
             return self._stop_here()  # a stop was asked for: train no further batch
-        at.epoch_starts.setdefault(at.live_epoch, sv.step + 1 - at.live_batch // spe)
+        at.epoch_starts.setdefault(at.live_epoch, sv.step + 1 - at.live_batch // spe - at.pending)
         t0 = time.perf_counter()
         rollback = self._rollback
         replay = rollback.replay if rollback is not None else None
@@ -376,6 +377,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                 self._train_secs = rollback.train_secs
         except TrainingStopped:
             return self._stop_here()
+        except SkippedBatch:  # a step skipped before, met again after a restart: its batch drawn, not trained
+            return self._logs()
         at.trained()
         if replay is not None and not replay.unsupported:
             replay.forget_through(sv.front_end.newest_restorable(sv.step))
@@ -404,6 +407,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
 
     @follows_moves
     def _timed_train(self, iterator: Any) -> Any:
+        if self._rollback is not None:  # (replay unsupported: a group's member) a skipped step's batch, drawn
+            self._rollback.draw_skipped(iterator)
         t0 = time.perf_counter()
         logs = self._original_train(iterator)
         if self.sv is not None:

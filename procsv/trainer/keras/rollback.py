@@ -13,7 +13,9 @@ that a NaN rolled back never reaches it). Under ``--on-spike rollback`` the same
 spike's batches again (to tell the data's spike from the machine's) and its skips skip them; a spike
 since the last check is judged at those epoch and ``fit`` ends too (:meth:`FitRollback.settle`). A
 skipped step changes no variable (Keras' iteration counter does not count it); the (epoch, batch)
-position a snapshot records follows the restored and the replayed steps. A step whose batch is not kept (past
+position a snapshot records follows the restored and the replayed steps. A step this run skipped
+before, met again by a restarted trainer (or a relaunch) before fit's loop drew its batch, has that
+batch drawn by the loop's next call, which trains none (:meth:`FitRollback.draw_skipped`). A step whose batch is not kept (past
 the cap, or none kept: :mod:`procsv.trainer.keras.replay`) is trained on fit's next batch instead:
 the fallback, exact except for the batches not trained again, which one line names at the restore
 (:func:`not_trained_again`; the bad step is then not retried). When fit has no batch left for
@@ -63,6 +65,12 @@ class _NoLiveInput(Exception):
     """A step past the batches fit has drawn, outside fit's loop (the rollback settled at the end)."""
 
 
+class SkippedBatch(Exception):
+    """The batch this call of fit's train function draws is a skipped step's (one this run skipped before,
+    met again by a restarted trainer before fit's iterator gave its batch): drawn, not trained; the call
+    trains nothing (:meth:`FitRollback.draw_skipped`)."""
+
+
 @dataclasses.dataclass
 class FitPosition:
     """Where one ``fit`` is. ``epoch``/``batch``: the position a snapshot records (the epoch, and the
@@ -82,6 +90,7 @@ class FitPosition:
     fits: int = 0
     passed: bool = False
     first: int = 0  # fit's own initial_epoch
+    pending: int = 0  # skipped steps whose batches fit's loop has not drawn yet (the position a snapshot records is past them)
 
     def of(self, step: int) -> Optional[tuple[int, int]]:
         """The (epoch, batch) of global step ``step``, Keras's indices from 0 (with ``steps_per_execution``
@@ -110,7 +119,8 @@ class FitPosition:
     def begin_epoch(self, epoch: int) -> None:
         """fit's loop begins ``epoch``: no batch done in it yet."""
         self.epoch = self.live_epoch = epoch
-        self.batch = self.live_batch = 0
+        self.live_batch = 0
+        self.batch = self.pending * self.spe  # (a skipped step's batches not drawn yet: past them)
         self.ended = False
 
     def end_epoch(self) -> None:
@@ -134,6 +144,17 @@ class FitPosition:
         """``n`` batches trained before the interruption were drawn again, and not trained."""
         self.batch += n
         self.live_batch = self.batch
+
+    def skipped_ahead(self) -> None:
+        """A step whose batches fit's loop has not drawn yet was skipped: the position a snapshot records is past
+        them; fit's loop draws them next, untrained (:meth:`drew_skipped`)."""
+        self.pending += 1
+        self.record(self.live_epoch, self.live_batch + self.pending * self.spe)
+
+    def drew_skipped(self) -> None:
+        """fit's loop drew a skipped step's batches (``spe``), untrained; the position a snapshot records stays."""
+        self.pending -= 1
+        self.live_batch += self.spe
 
     def trained(self) -> None:
         """fit's loop trained one global step's batches (``spe``); a snapshot records that."""
@@ -171,6 +192,7 @@ class FitRollback:
         position is the one a snapshot after it records), else the next batch of ``iterator``, kept.
         Returns {"logs", "loss": the batch's own loss, "data"}; the Supervisor keeps the loss."""
         replay, where = self.replay, self.position
+        self.draw_skipped(iterator)
         step = self._step()
         kept = replay.kept.get(step)
         if kept is not None:
@@ -190,6 +212,19 @@ class FitRollback:
         self.drawn = max(self.drawn, step)
         self.gap = None
         return out
+
+    def draw_skipped(self, iterator: Any) -> None:
+        """Before a step draws fit's next batch: if a skipped step's batches are not drawn yet (a restarted
+        trainer met a step this run skipped before: :meth:`skipped`), they are, and discarded; raises
+        :class:`SkippedBatch` (this call of fit's train function trains nothing: one call, one batch, as fit's
+        loop counts them). ``iterator`` None (no live input): nothing."""
+        where = self.position
+        if not where.pending or iterator is None:
+            return
+        for _ in range(where.spe):
+            next(iterator)
+        where.drew_skipped()
+        raise SkippedBatch(f"a skipped step's batch, at epoch {where.live_epoch + 1}, batch {where.live_batch}")
 
     def train(self, sess: ManagedSession, iterator: Any) -> Any:
         """Train in ``sess`` the batches a rollback restored before fit's next one (each its own step),
@@ -237,6 +272,7 @@ class FitRollback:
         not every batch between it and fit's newest is kept, the steps from the first one missing
         are not trained again: said, and the bad step's retry given up (its batch is not kept)."""
         self.position.record(unpack(int(self._epoch_var.numpy()))[1], int(self._batch_var.numpy()))
+        self.position.pending = 0  # (a skipped step met again by the replay is skipped again)
         kept = self.replay.kept
         first = next((s for s in range(step + 1, self.drawn + 1) if s not in kept), None)
         if first is None:
@@ -248,8 +284,14 @@ class FitRollback:
     def skipped(self, step: int) -> None:
         """Step ``step`` was skipped: the position moves past its batch; Keras' iteration counter does
         not count it (no update was applied: a learning rate schedule and Adam's bias correction go on
-        as in a fit that never applied the batch, as a custom loop's skip leaves its optimizer)."""
+        as in a fit that never applied the batch, as a custom loop's skip leaves its optimizer). A step
+        whose batch fit's loop has not drawn (a restarted trainer's skip of a step this run skipped before:
+        the step count, not fit's position, says which batch it is) has its batch drawn by fit's loop's next
+        call and discarded (:meth:`draw_skipped`), as a resumed fit draws the batches trained before."""
         where = self.position
+        if step > self.drawn:
+            where.skipped_ahead()
+            return
         at = where.of(step)
         if at is not None:
             where.record(at[0], at[1] + where.spe)

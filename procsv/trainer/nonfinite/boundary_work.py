@@ -89,6 +89,11 @@ class BoundaryWork:
         judged at the first boundary at or after ``detected`` (:meth:`_judge_spikes`)."""
         self._spike_checks.add(detected)
 
+    def drop_spike_check(self, detected: int) -> None:
+        """The replay of the spike detected at ``detected`` will not come (its batches are not all kept): no
+        verdict is judged for it."""
+        self._spike_checks.discard(detected)
+
     def restored(self) -> None:
         """A restore was done: no retry is given up (yet; a restore's hook may give it up: :meth:`abandon`)."""
         self.abandoned = ""

@@ -211,10 +211,11 @@ class NonfiniteRollback:
         run skipped before, as the watchdog ``told`` it (``ChildConfig.resume``: an earlier trainer's and
         an earlier launch's in this logdir, from its spawn's environment or its promotion) stays skipped:
         one after ``step`` is skipped again when the loop reaches it, and each counts against
-        ``--max-skips``. Not in Keras ``fit`` (``on_skipped`` hooks: its resume replays its own epochs)."""
+        ``--max-skips``. Keras ``fit`` too: its ``on_skipped`` hook has fit's loop draw such a step's batch
+        and train none (:meth:`procsv.trainer.keras.rollback.FitRollback.skipped`)."""
         watch = self.watch
         rolls_back = watch.policy == OnNonfinite.ROLLBACK or watch.spike_policy == OnSpike.ROLLBACK
-        if not self.detecting or not rolls_back or watch.on_skipped:
+        if not self.detecting or not rolls_back:
             return
         for s in sorted(set(told)):
             if s not in watch.budget.skipped:

@@ -31,7 +31,9 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   Exact replays need deterministic kernels (``tf.config.experimental.enable_op_determinism``): where
   a step's result varies from run to run, every spike is taken for the machine's. A spike found by
   the final checkpoint's check (no step left to replay), or one the skip bound does not allow, stops
-  the run as ``stop`` does, saying why. A non-finite step's rollback under way is not cut short:
+  the run as ``stop`` does, saying why. A spike whose steps the program cannot replay (a restore hook
+  gave the replay up: Keras fit's batches since the restored state not all kept) gets no verdict, said
+  in the rollback's line. A non-finite step's rollback under way is not cut short:
   such a spike is only said.
 """
 
@@ -179,10 +181,14 @@ class SpikeResponse:
             walk.check_spike_at(bad.detected)
         for hook in watch.on_restored:
             hook(restored)
-        walk.plan_next(restored)
         skipped = f"step {bad.onset}" if bad.onset == bad.detected else f"steps {bad.onset}-{bad.detected}"
         then = (f"replaying to step {bad.onset - 1}, then skipping {skipped}" if skip else
                 f"replaying {skipped} to tell a transient fault of the machine from the data's")
+        if walk.abandoned and not skip:  # a hook cannot replay them (Keras fit: not all its batches since are kept)
+            walk.drop_spike_check(bad.detected)  # a verdict on other batches' losses would be no verdict on these
+            self._replaying.pop(bad.detected, None)
+            then = f"{walk.abandoned}; {skipped} not replayed: no verdict on whose the spike was"
+        walk.plan_next(restored)
         print(f"procsv: {bad.what}; --on-spike rollback: restored step {restored} from {source}, {then}; training on",
               file=sys.stderr, flush=True)
         return ""
