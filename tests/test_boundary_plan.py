@@ -217,6 +217,19 @@ def test_the_step_trigger_never_fires_for_the_step_a_restart_restored() -> None:
     assert snapshots(agent.boundary(100)) == [Snapshot(100, SaveReason.STEPS)]
 
 
+def test_the_step_trigger_fires_once_for_a_step_whose_boundary_comes_again() -> None:
+    # a graph program's runs that advance no step (a read of the global step after each train run) bring the
+    # boundary of the step that stands again: step 40's trigger put 40 in flight, and the next boundary at 40
+    # triggered again, pending, and saved step 42 as a second "steps" checkpoint (40, 42, 60, 62, ...)
+    agent = Agent(save_steps=20)
+    assert snapshots(agent.boundary(20)) == [Snapshot(20, SaveReason.STEPS)]
+    again = agent.boundary(20, dt=1.0)
+    assert not any(isinstance(a, Trigger) for a in again) and agent.view.pending is None, again
+    agent.commit(20)
+    assert snapshots(agent.boundary(21, dt=1.0)) == [] and snapshots(agent.boundary(22, dt=1.0)) == []
+    assert snapshots(agent.boundary(40, dt=1.0)) == [Snapshot(40, SaveReason.STEPS)]
+
+
 def test_a_step_trigger_with_a_snapshot_in_flight_reads_the_service_once_more_and_saves_if_it_committed() -> None:
     agent = Agent(save_steps=5)
     agent.view.requested(SaveReason.PERIODIC)

@@ -46,14 +46,17 @@ def test_a_checkpoint_and_a_summary_as_the_standard_services_start_as_tensorflow
 
 
 @pytest.mark.slow
-def test_while_a_validation_runs_the_periodic_summaries_go_on_at_the_step_that_stands_still_as_tensorflows(tmp_path):
+def test_while_a_validation_runs_the_periodic_summaries_and_checkpoints_go_on_at_the_step_that_stands_still_as_tensorflows(tmp_path):
     # TensorFlow's PTB tutorial validates after each epoch's training: runs that advance no step. TF's
     # summary and step counter threads write summary_op and global_step/sec (0.0) every save_summaries_secs
-    # all the same; procsv wrote one summary and no global_step/sec there (its periodic work came with steps)
+    # all the same, and its checkpoint thread saves step 3 on its timer; procsv wrote one summary and no
+    # global_step/sec there (its periodic work came with steps), and no checkpoint of step 3 until the stop
+    # (a kill during a validation lost the epoch's training)
     for tf_own in (True, False):
         seen = _start("validation", str(tmp_path / ("tf" if tf_own else "ours")), tf_own)
         assert len(seen["cost"]) >= 3 and set(seen["cost"]) == {0.3125 ** 2}, (tf_own, seen)
         assert seen["global_step/sec"].count(0.0) >= 2, (tf_own, seen)
+        assert seen["saved_during_validation"] == "model.ckpt-3", (tf_own, seen)
 
 
 @pytest.mark.slow

@@ -145,24 +145,30 @@ class StepBoundary:
 
     def between_steps(self) -> None:
         """After a run that is no step (a graph program's evaluation, a train op that leaves the global step
-        where it is), from the step state's ``between_at``: the periodic summaries and the hand-off, as TF's
-        summary thread writes them whether the step moves or not. No progress report, and nothing of the
-        end half before the session's first step: no step was completed (the watchdog's first step and hang
-        clock are the steps')."""
+        where it is), once the step state's ``at`` or ``between_at`` has passed: what is due at the step that
+        stands, as TF's threads do their work whether the step moves or not. The halves whose bounds passed,
+        as before a step: a periodic checkpoint of that step (TF's checkpoint thread saves on its timer) and,
+        once the session's first step is done, the progress report (a program that evaluates is working:
+        its runs keep the watchdog's hang clock, as steps do) and the summaries. Before the first step
+        (whose report is the watchdog's first step) only the summaries' part of the end half."""
+        state = self.state
         now = self._clock()
+        if now >= state.at:
+            self.before_step(state.step)  # (before the first step the end half's time is NEVER: the checkpoint half)
+        if self.progress.first_done or now < state.between_at:
+            return
         summaries = self._summaries
         if self._settings.save_summaries_secs and self.standard_started and now >= summaries.next_periodic:
             summaries.periodic(now)
         agent = self._keeper.agent if self._keeper is not None else None
         summaries.flush(force=False, in_flight=agent is not None and agent.in_flight is not None)
         self._between_bound()
-        if self.progress.first_done:  # the next step's end half no later than the hand-off's next work
-            self.state.set_end(self.state.end_step, min(self.state.end_at, summaries.wake_at()))
 
     def _between_bound(self) -> None:
-        """When a run that is no step next has work: the hand-off's next, the periodic summaries' (never
-        where nothing is written: a worker, no logdir)."""
-        if not self._summaries.writes:
+        """Before the session's first step, when a run that is no step next has summaries' work: the
+        hand-off's next, the periodic summaries' (NEVER where nothing is written: a worker, no logdir; and
+        after the first step, whose end half's bound holds them)."""
+        if not self._summaries.writes or self.progress.first_done:
             self.state.set_between(NEVER)
             return
         at = self._summaries.wake_at()

@@ -8,7 +8,9 @@ checkpoint holds it (bounded), the stop, and a second Supervisor on the logdir: 
 and the checkpoint prefixes the logdir holds.
 ``validation``: TensorFlow's PTB tutorial's shape: the merged scalars as the summary op, an epoch's three
 training steps, then its validation (runs of the cost, which advance no step) for 0.8 s, with summaries
-every 0.1 s: the values of ``cost`` and ``global_step/sec`` logged at step 3, where the step stood.
+every 0.1 s and checkpoints every 0.3 s: the values of ``cost`` and ``global_step/sec`` logged at step 3,
+where the step stood, and the newest checkpoint in the logdir as the validation ended (it runs on until
+that is step 3's, for at most ``WAIT`` s).
 """
 
 from __future__ import annotations
@@ -109,16 +111,25 @@ def case_validation() -> dict[str, object]:
         cost = tf.square(w - 0.25)
         tf.compat.v1.summary.scalar("cost", cost)
         train = tf.group(w.assign(w * 0.5 + 0.25), step.assign_add(1))
-        sv = Supervisor(logdir=LOGDIR, save_model_secs=0, save_summaries_secs=0.1)
+        sv = Supervisor(logdir=LOGDIR, save_model_secs=0.3, save_summaries_secs=0.1)
         with sv.managed_session() as sess:
             for _ in range(3):
                 sess.run(train)
-            until = time.monotonic() + 0.8
-            while time.monotonic() < until:  # the validation epoch: the global step stands at 3
+            until, bound = time.monotonic() + 0.8, time.monotonic() + WAIT
+
+            def saved() -> str:
+                return os.path.basename(tf.train.latest_checkpoint(LOGDIR) or "")
+
+            # the validation epoch: the global step stands at 3 (0.8 s, and until the periodic checkpoint of
+            # step 3 is in the logdir: bounded)
+            while time.monotonic() < until or (saved() != "model.ckpt-3" and time.monotonic() < bound):
                 sess.run({"cost": cost})
                 time.sleep(0.005)
+            during = saved()
     at3 = [s for s in summaries(LOGDIR) if s[0] == 3]
-    return {tag: [s[2] for s in at3 if s[1] == tag] for tag in ("cost", "global_step/sec")}
+    out: dict[str, object] = {tag: [s[2] for s in at3 if s[1] == tag] for tag in ("cost", "global_step/sec")}
+    out["saved_during_validation"] = during
+    return out
 
 
 if __name__ == "__main__":

@@ -239,9 +239,12 @@ def behind(view: BoundaryView, step: int) -> bool:
 
 def steps_trigger(view: BoundaryView, step: int) -> bool:
     """The every-``save_checkpoint_steps`` trigger fires at ``step`` (never for a step already
-    committed: the one a restart restored from, which would save again at its next step)."""
+    committed: the one a restart restored from, which would save again at its next step; nor for the
+    step in flight: a boundary of the same step again, after a graph program's run that advanced no
+    step, would save a second checkpoint at the next step)."""
     every = view.policy.save_steps
-    return bool(view.policy.saving and every and step > max(0, view.last_committed) and step % every == 0)
+    return bool(view.policy.saving and every and step > max(0, view.last_committed) and step % every == 0
+                and step != view.in_flight)
 
 
 def snapshot_due(view: BoundaryView, step: int, pending: Optional[SaveReason]) -> bool:

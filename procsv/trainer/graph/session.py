@@ -102,8 +102,9 @@ class GraphSession:
             if out is MISS:
                 out = self._sess.run(fetches, feed_dict, options, run_metadata)
             if plan.writes:  # but it trained: the step's checkpoint is older than the state now
-                self._changed(state)
-            if state.clock() >= state.between_at:  # the periodic summaries come whether the step moves or not
+                state.changed = True
+            now = state.clock()
+            if now >= state.at or now >= state.between_at:  # what is due comes whether the step moves or not
                 with self._lock:
                     state.between_steps()
             return out
@@ -187,14 +188,6 @@ class GraphSession:
                 state.boundary(step)
             if state.step >= state.end_step:
                 state.after_step()
-
-    def _changed(self, state: StepState) -> None:
-        """A run that is no step changed the variables: marked, and the checkpoint half's boundary
-        (at the same step) when its time has come, so a periodic save takes the state as it is now."""
-        state.changed = True
-        if state.clock() >= state.ckpt_at:
-            with self._lock:
-                state.boundary(state.step)
 
     def _keep_walked(self, state: StepState, step: int, fetches: Any, out: Any) -> None:
         """The watched losses of a run whose structure has no plan of its own (a dict, a nested
