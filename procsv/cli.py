@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
                          "steps stop the run with exit code 4 (default 3)")
     la.add_argument("--skip-window", type=int, default=1000, metavar="W",
                     help="the window of steps --max-skips counts in (default 1000)")
+    la.add_argument("--suspect-after", type=int, default=3, metavar="N",
+                    help="with --on-spike rollback: a host whose loss spikes did not come again when replayed "
+                         "(transient faults of the machine) N times in this launch is reported as suspect (a line, "
+                         "a host_suspect record, status, metrics); nothing is excluded or stopped (default 3)")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
     la.add_argument("--fork-prewarm", action="store_true", help="grow the pre-warmed trainer from a fork of this "
@@ -263,7 +267,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        trainer=TrainerSettings(args.on_nonfinite, args.max_skips, args.skip_window, snapshot_steps,
-                                               args.on_spike),
+                                               args.on_spike, args.suspect_after),
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id,

@@ -23,6 +23,8 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= {low}{note}, not {value:g}")
     if not args.stop_grace_secs > 0:
         raise UsageError(f"--stop-grace-secs must be > 0, not {args.stop_grace_secs:g}")
+    if args.suspect_after < 1:
+        raise UsageError(f"--suspect-after must be >= 1, not {args.suspect_after}")
     if args.keep_logs < 1:
         raise UsageError(f"--keep-logs must be >= 1, not {args.keep_logs}")
     if args.metrics_port is not None and not 1 <= args.metrics_port <= 65535:

@@ -73,7 +73,7 @@ class RunReport:
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
     tasks: list[tuple[str, gp.Breakdown]] = field(default_factory=list)  # a group's: each task's whole run
     memberships: list[dict[str, Any]] = field(default_factory=list)  # an elastic group's ``membership`` records
-    spikes: list[dict[str, Any]] = field(default_factory=list)  # its ``spike_detected``, ``spike_replayed`` records
+    spikes: list[dict[str, Any]] = field(default_factory=list)  # its ``spike_detected``, ``spike_replayed``, ``host_suspect`` records
 
 
 def last_launch(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -239,7 +239,7 @@ def gather(layout: Layout) -> Optional[RunReport]:
     rep.skipped, rep.rollbacks = nonfinite(events, summary, every)
     rep.group_rollbacks = group_rollbacks(events, summary)
     rep.memberships = [e for e in events if e.get("event") == "membership"]
-    rep.spikes = [e for e in events if e.get("event") in ("spike_detected", "spike_replayed")]
+    rep.spikes = [e for e in events if e.get("event") in ("spike_detected", "spike_replayed", "host_suspect")]
     launches = gp.launches_from_events(every, now=time.time() if live is not None else None)
     per, rep.lifetime = gp.run_breakdown(launches)
     rep.launches = [(la.number, b) for la, b in zip(launches, per)]
@@ -315,6 +315,10 @@ def render(rep: RunReport) -> str:
     if found:
         words = "; ".join(spike_words(e, verdicts.get(e.get("step"))) for e in found)
         lines.append(f"  loss spikes: {len(found)}: {words}")
+    for e in (e for e in rep.spikes if e.get("event") == "host_suspect"):
+        lines.append(f"  suspect host {e.get('host')}: {e.get('faults')} transient fault(s) (loss spikes not again "
+                     f"when replayed, the last at step {e.get('step')}; --suspect-after {e.get('limit')}): reported "
+                     "only, nothing excluded or stopped")
     if rep.lifetime is not None and rep.launches:
         lines.append(gp.render(rep.launches, rep.lifetime))
     if rep.tasks:

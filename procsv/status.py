@@ -108,6 +108,30 @@ def rollback_words(rollbacks: int, grouped: int) -> str:
     return f"{rollbacks} rollback(s) ({grouped} of the trainer group, {rollbacks - grouped} in place)"
 
 
+def spike_lines(spikes: Any) -> list[str]:
+    """``status.json``'s ``spikes`` in words (none if no spike was seen): how many, by action, the last
+    one's step, loss, threshold and action; each host's transient faults (loss spikes not again when
+    replayed) and which hosts are suspect (``--suspect-after``)."""
+    if not isinstance(spikes, dict) or not spikes.get("seen"):
+        return []
+    actions = ", ".join(f"{a} {n}" for a, n in (spikes.get("by_action") or {}).items())
+    line = f"  loss spikes: {spikes['seen']} seen ({actions})"
+    last = spikes.get("last")
+    if isinstance(last, dict):
+        steps = f"steps {last.get('onset')}-{last.get('step')}" if last.get("onset") != last.get("step") \
+            else f"step {last.get('step')}"
+        line += (f"; the last at {steps}: loss {float(last.get('loss', 0)):.3g} against a threshold of "
+                 f"{float(last.get('threshold', 0)):.3g}, {last.get('action')}")
+    out = [line]
+    faults = spikes.get("transient_faults") or {}
+    if faults:
+        suspects = set(spikes.get("suspect_hosts") or [])
+        hosts = ", ".join(f"{h} {n}" + (" (suspect)" if h in suspects else "") for h, n in faults.items())
+        out.append(f"  transient faults (spikes not again when replayed), by host: {hosts}; suspect from "
+                   f"{spikes.get('suspect_after')} (reported only: nothing is excluded or stopped)")
+    return out
+
+
 def render(status: dict[str, Any], logdir: str) -> str:
     """A short human view of a status record."""
     lines = [f"procsv run in {logdir}: {status.get('state')}"]
@@ -127,6 +151,7 @@ def render(status: dict[str, Any], logdir: str) -> str:
         steps = ", ".join(map(str, skipped)) if skipped else "none"
         lines.append(f"  non-finite: {rollback_words(rollbacks, grouped)}, {len(skipped)} step(s) skipped: {steps}; "
                      f"{found} time(s) found non-finite")
+    lines += spike_lines(status.get("spikes"))
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
     spent = status.get("breakdown")

@@ -227,7 +227,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
         nodes.close()
     # node 0 observes them as the launcher's _on_nodes does: the events, the counts status.json shows
     assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
-    assert (view.nonfinite_found, view.rollbacks, view.skipped_steps) == (1, 1, [25])
+    assert (view.findings.nonfinite, view.rollbacks, view.skipped_steps) == (1, 1, [25])
     assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the ready message read first
     record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None)
     assert (record["skipped_steps"], record["rollbacks"]) == ([25], 1)

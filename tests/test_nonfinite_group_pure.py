@@ -229,7 +229,7 @@ def test_a_group_rollback_is_counted_as_a_rollback_not_a_restart_and_a_kill_afte
     assert sim.view.history.restarts == 0 and sim.view.rollbacks == 1 and sim.view.group_rollbacks() == 1
     assert restart_counts(sim.view.attempts) == ()
     snap = take_snapshot(sim.view, sim.now, 1000.0, 990.0, StepRate())  # what the metrics endpoint serves
-    assert snap.restarts == () and snap.rollbacks == 1 and snap.steps_skipped == 1
+    assert snap.restarts == () and snap.training.rollbacks == 1 and snap.training.steps_skipped == 1
     summary = recovery.summarize(sim.view.attempts)
     assert summary["restarts"] == 0 and summary["group_rollbacks"] == 1
     assert [r["rollback_step"] for r in summary["recoveries"]] == [70]
@@ -253,13 +253,13 @@ def test_two_members_reporting_the_same_step_are_one_finding_each_with_its_recor
     first = observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 70, 1.0, "the loss of step 70 is NaN"), sim.now)
     again = observe.heard(sim.view, NonfiniteDetected(member.pid, 70, 1.0, "the loss of step 70 is NaN"), sim.now)
     third = observe.heard(sim.view, NonfiniteDetected(sim.member("worker2").pid, 70, 1.0, "NaN"), sim.now)
-    assert sim.view.nonfinite_found == 1
+    assert sim.view.findings.nonfinite == 1
     records = [r.fields for r in first + again + third if r.event is not None]
     assert [(r["pid"], r["repeats"], r["peer"]) for r in records] == [
         (sim.trainer.pid, 1, None), (member.pid, 0, sim.trainer.pid), (sim.member("worker2").pid, 0, sim.trainer.pid)]
     # another step is another finding
     observe.heard(sim.view, NonfiniteDetected(member.pid, 90, 1.0, "the loss of step 90 is NaN"), sim.now)
-    assert sim.view.nonfinite_found == 2
+    assert sim.view.findings.nonfinite == 2
 
 
 def test_a_lone_trainers_own_exit_5_after_a_non_finite_report_is_a_failure_not_a_group_rollback():

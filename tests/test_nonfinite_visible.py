@@ -147,7 +147,7 @@ def test_the_watchdog_turns_the_trainers_messages_into_events_and_counts():
         assert r.event is not None and set(r.fields) == SCHEMA[r.event]
     assert got[1].fields["source"] == "memory" and got[2].fields["epoch"] == 2 and got[2].fields["batch"] == 7
     assert (got[1].fields["epoch"], got[1].fields["batch"]) == (2, 7)  # a rollback names Keras' (epoch, batch) too
-    assert view.skipped_steps == [25] and view.rollbacks == 1 and view.nonfinite_found == 1
+    assert view.skipped_steps == [25] and view.rollbacks == 1 and view.findings.nonfinite == 1
 
 
 def test_the_live_line_names_the_event_and_counts_skipped_steps():
@@ -262,7 +262,7 @@ def test_refused_snapshots_of_one_trainer_are_coalesced_in_the_lifecycle_and_eve
     got += observe.reaped(view, "trainer", 1, Failure("trainer", 1, 4242, 1, 72.0, ""), 72.0)  # its end
     found = [r for r in got if r.event == Event.NONFINITE_DETECTED]
     assert [r.fields["repeats"] for r in found] == [1, 200, 1] and got[-1].event == Event.EXITED
-    assert sum(r.fields["repeats"] for r in found) == view.nonfinite_found == 202
+    assert sum(r.fields["repeats"] for r in found) == view.findings.nonfinite == 202
     for r in found:
         assert set(r.fields) == SCHEMA[Event.NONFINITE_DETECTED]
     # --on-nonfinite rollback: detected, rolled back, detected again at once: a record each

@@ -316,7 +316,7 @@ ATTRIBUTE_BASELINE = {
     "procsv.trainer.supervisor:Supervisor": 33,
     "procsv.watchdog.config:LaunchConfig": 35,
     "procsv.watchdog.multihost.agent:NodeAgent": 23,
-    "procsv.watchdog.publish.runmetrics:RunSnapshot": 23,
+    "procsv.watchdog.publish.runmetrics:RunSnapshot": 22,
     "procsv.watchdog.rules.limits:Limits": 28,
     "procsv.watchdog.rules.state:ChildView": 54,
     "procsv.watchdog.rules.state:RunView": 54,

@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import PROGRAMS, finish, launch, lifecycle, quiet_env, run_python, sigkill_where_it_says, skipped_steps
+from conftest import (PROGRAMS, finish, launch, lifecycle, quiet_env, run_python, sigkill_where_it_says, skipped_steps,
+                      status_json)
 from plain_runs import run_plain_programs
+from procsv.status import render as render_status
 
 SPIKE_TRAIN = os.path.join(PROGRAMS, "spike_train.py")
 KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
@@ -60,6 +62,16 @@ def test_a_spike_under_on_spike_rollback_is_skipped_and_the_run_ends_bit_equal_t
     assert "and so again when replayed, bit for bit; --on-spike rollback: restored step " in said, said
     assert "then skipping step 65; training on" in said and said.count("spiked") == 2, said
     assert [e["role"] for e in _events(logdir, "spawned")].count("trainer") == 1  # in place: no restart
+    # procsv status --json (the watchdog's view of the run, issue 68): the spike seen, the last one as its record
+    # says it; its replay found it the data's: no transient fault, no suspect host (suspect from 3, the default)
+    status = status_json(logdir)
+    assert status is not None
+    spikes = status["spikes"]
+    assert (spikes["seen"], spikes["by_action"], spikes["transient_faults"], spikes["suspect_hosts"],
+            spikes["suspect_after"]) == (1, {"rollback": 1}, {}, [], 3), spikes
+    assert spikes["last"] == {k: found[k] for k in ("step", "onset", "loss", "threshold", "median", "action")}, spikes
+    assert f"  loss spikes: 1 seen (rollback 1); the last at step 65: loss {found['loss']:.3g} against a threshold " \
+        f"of {found['threshold']:.3g}, rollback" in render_status(status, logdir), render_status(status, logdir)
     plain = os.path.join(tmp_path, "plain")  # python spike_train.py --skip-at 65: never saw that batch
     run_plain_programs([(SPIKE_TRAIN, ("--logdir", plain, "--skip-at", "65"))], env=quiet_env())
     rolled_back, baseline = _final(logdir), _final(plain)

@@ -16,6 +16,7 @@ from typing import Optional
 from procsv.common.env import GROUP_SNAPSHOT_DEFAULT, MAX_SKIPS, ON_NONFINITE, ON_SPIKE, SKIP_WINDOW
 from procsv.common.errors import UsageError
 from procsv.watchdog.rules.chaos import parse_chaos
+from procsv.watchdog.rules.findings import SUSPECT_AFTER
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.logrotate import DEFAULT_KEEP
@@ -25,7 +26,8 @@ from procsv.watchdog.rules.policy import RestartPolicy
 @dataclass(frozen=True)
 class TrainerSettings:
     """What the launch tells every trainer besides its coordinates (each read by the trainer's
-    :class:`procsv.common.bootstrap.ChildConfig`)."""
+    :class:`procsv.common.bootstrap.ChildConfig`), and what the watchdog makes of their findings
+    (``suspect_after``)."""
 
     on_nonfinite: Optional[str] = None  # --on-nonfinite: rollback | stop | continue (None: the Supervisor's)
     max_skips: int = 3  # --max-skips: skipped steps allowed within --skip-window steps
@@ -34,6 +36,9 @@ class TrainerSettings:
     # (PROCSV_MEMORY_SNAPSHOTS, PROCSV_GROUP_SNAPSHOT_STEPS: procsv.launch_args.group_snapshot_steps)
     group_snapshot_steps: int = GROUP_SNAPSHOT_DEFAULT
     on_spike: Optional[str] = None  # --on-spike: rollback | stop | warn | off (None: the Supervisor's)
+    # --suspect-after: a host's transient faults (loss spikes not again when replayed) in a launch that make it
+    # reported as suspect (procsv.watchdog.rules.findings); the watchdog's own, not told to the trainers
+    suspect_after: int = SUSPECT_AFTER
 
     def nonfinite_env(self) -> dict[str, str]:
         """What the trainer is told of --on-nonfinite, --on-spike, --max-skips and --skip-window
@@ -66,7 +71,7 @@ class LaunchConfig:
     allow_reinit: bool = False  # --allow-reinit: passed to the trainer as PROCSV_ALLOW_REINIT
     cwd: str = field(default_factory=os.getcwd)
     on_checkpoint_failure: str = "stop"  # stop | continue
-    trainer: TrainerSettings = TrainerSettings()  # --on-nonfinite, --max-skips, --skip-window; a group's K
+    trainer: TrainerSettings = TrainerSettings()  # --on-nonfinite, --on-spike, --max-skips, --skip-window, --suspect-after; a group's K
     keep_logs: int = DEFAULT_KEEP  # --keep-logs: per-attempt log files kept per role besides attempt 1's
     on_failure: Optional[str] = None  # --on-failure CMD: run once when the run ends failed
     metrics_port: Optional[int] = None  # --metrics-port: serve Prometheus metrics there

@@ -71,6 +71,7 @@ from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.publish.reporting import Reporter
+from procsv.watchdog.rules.findings import Findings
 from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 
 TICK_MS = 100
@@ -120,7 +121,8 @@ class Watchdog:
         # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
         # again (Executor.resume), and its status and report name them (read before this launch's records)
         self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0,
-                            skipped_steps=list(skipped_steps(self.layout.lifecycle)))
+                            skipped_steps=list(skipped_steps(self.layout.lifecycle)),
+                            findings=Findings(suspect_after=cfg.trainer.suspect_after))
         self.view.process_start = self.view.launch_start - since
         # its first services' seeds, forked before its first thread (the Reporter's); run() uses or discards them
         self.services = ServiceSeeds.plant(cfg.preempt_signal)  # (procsv.watchdog.seeds)

@@ -21,6 +21,7 @@ from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, Message
 from procsv.watchdog.rules.bookkeeping import find, request_stop
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, peer_found, workers
 from procsv.watchdog.rules.nonfinitelog import detected, ended
@@ -205,7 +206,7 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         fields = {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch, "what": msg.what}
         if peer is not None:  # the group's finding, reported by a peer first: its record, counted once (repeats 0)
             return [Report(Event.NONFINITE_DETECTED, {**fields, "repeats": 0, "peer": peer.pid})]
-        view.nonfinite_found += 1
+        view.findings.nonfinite += 1
         return [Report(Event.NONFINITE_DETECTED, {**f, "peer": None})
                 for f in detected(view.nonfinite_log, msg.pid, fields, now)]
     out = [Report(Event.NONFINITE_DETECTED, {**f, "peer": None})
@@ -226,13 +227,25 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
 def _spike(view: RunView, msg: SpikeDetected | SpikeReplayed, slot: Optional[str]) -> list[Report]:
     """A loss spike (issue 68), as the trainer tells it: a lifecycle record each (a spike is one
     finding, said once by the trainer that judged it; its replay's verdict, its rollbacks and skips
-    come as their own)."""
+    come as their own), tallied in :attr:`RunView.findings`; a transient fault that makes its host
+    suspect (rules/findings) is also a ``host_suspect`` record and a line, once a host."""
     if _trainer(view, msg.pid, slot) is None:
         return []
+    found = view.findings
     if isinstance(msg, SpikeReplayed):
-        return [Report(Event.SPIKE_REPLAYED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset,
-                                              "reproduced": msg.reproduced, "loss": msg.loss,
-                                              "replay_loss": msg.replay_loss, "host": msg.host})]
+        out = [Report(Event.SPIKE_REPLAYED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset,
+                                             "reproduced": msg.reproduced, "loss": msg.loss,
+                                             "replay_loss": msg.replay_loss, "host": msg.host})]
+        if found.replayed(msg.host, msg.reproduced):
+            n = found.transient[msg.host]
+            out.append(Report(Event.HOST_SUSPECT, {"host": msg.host, "faults": n, "limit": found.suspect_after,
+                                                   "step": msg.step},
+                              say=f"procsv: host {msg.host} is suspect: {n} transient fault(s) in this launch (loss "
+                                  f"spikes that did not come again when replayed, the last at step {msg.step}; "
+                                  f"--suspect-after {found.suspect_after}); reported only, nothing is excluded "
+                                  "or stopped", err=True))
+        return out
+    found.spiked(SpikeSeen(msg.step, msg.onset, msg.loss, msg.threshold, msg.median, msg.action))
     return [Report(Event.SPIKE_DETECTED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset, "loss": msg.loss,
                                           "threshold": msg.threshold, "median": msg.median, "action": msg.action,
                                           "epoch": msg.epoch, "batch": msg.batch})]

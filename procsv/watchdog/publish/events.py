@@ -75,6 +75,9 @@ spike_replayed         pid, step, onset, reproduced, loss, replay_loss, host
                        (--on-spike rollback replayed the spike from a snapshot before its onset: reproduced,
                        bit for bit, its steps are skipped; else a transient fault of the machine ``host``,
                        nothing is skipped; loss: the first loss of step, replay_loss: the replay's, or null)
+host_suspect           host, faults, limit, step
+                       (the host's transient faults in this launch reached --suspect-after ``limit``: it is
+                       reported as suspect, once; step: the spike of its last fault; nothing is excluded or stopped)
 group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
 =====================  ==========================================================================
 """
@@ -126,6 +129,7 @@ class Event(str, enum.Enum):
     STEP_SKIPPED = "step_skipped"
     SPIKE_DETECTED = "spike_detected"
     SPIKE_REPLAYED = "spike_replayed"
+    HOST_SUSPECT = "host_suspect"
     GROUP_COPY_REFUSED = "group_copy_refused"
 
 
@@ -171,6 +175,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.SPIKE_DETECTED: frozenset({"pid", "step", "onset", "loss", "threshold", "median", "action", "epoch",
                                      "batch"}),
     Event.SPIKE_REPLAYED: frozenset({"pid", "step", "onset", "reproduced", "loss", "replay_loss", "host"}),
+    Event.HOST_SUSPECT: frozenset({"host", "faults", "limit", "step"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 

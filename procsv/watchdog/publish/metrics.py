@@ -105,10 +105,12 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
     out.append(CounterMetricFamily("procsv_steps_skipped", "Steps skipped because their loss was NaN or infinite "
                                    "(--on-nonfinite rollback: a single trainer's twice, a trainer group's once): no "
                                    "variable changed, the global step moved on.",
-                                   value=snap.steps_skipped))
+                                   value=snap.training.steps_skipped))
     out.append(CounterMetricFamily("procsv_rollbacks", "Restores of a finite state after a NaN or infinite loss "
                                    "(--on-nonfinite rollback): a single trainer's in place, a trainer group's by "
-                                   "restarting the group (not counted in procsv_restarts).", value=snap.rollbacks))
+                                   "restarting the group (not counted in procsv_restarts).",
+                                   value=snap.training.rollbacks))
+    out += spike_families(snap)
     if snap.group_hosts is not None:  # --nnodes
         out.append(GaugeMetricFamily("procsv_group_hosts", "The hosts the trainer group runs on now (--nnodes; fewer "
                                      "while an elastic group, --min-nodes, trains on without some).",
@@ -135,6 +137,25 @@ def families(snap: Optional[RunSnapshot], now: float, summaries_dropped: Optiona
         out.append(GaugeMetricFamily("procsv_summaries_dropped", "Summaries dropped (trainer buffer full, or "
                                      "malformed), as the summary service counts them.", value=summaries_dropped))
     return out
+
+
+def spike_families(snap: RunSnapshot) -> list[Metric]:
+    """Loss spikes (issue 68): by ``--on-spike`` action; transient faults (spikes not again when
+    replayed) by host; the hosts reported suspect (``--suspect-after``)."""
+    spikes = CounterMetricFamily("procsv_loss_spikes", "Loss spikes found (a finite loss far above its recent "
+                                 "distribution), by what --on-spike did: rollback, stop or warn.", labels=["action"])
+    for action, n in snap.training.spikes:
+        spikes.add_metric([action], n)
+    faults = CounterMetricFamily("procsv_transient_faults", "Loss spikes that did not come again when replayed "
+                                 "(--on-spike rollback): transient faults of the machine, by host.", labels=["host"])
+    for host, n in snap.training.transient:
+        faults.add_metric([host], n)
+    suspect = GaugeMetricFamily("procsv_host_suspect", "1 for each host reported as suspect: its transient faults "
+                                "in this launch reached --suspect-after (nothing is excluded or stopped for it).",
+                                labels=["host"])
+    for host in snap.training.suspects:
+        suspect.add_metric([host], 1.0)
+    return [spikes, faults, suspect]
 
 
 def summaries_dropped(stats_path: str) -> Optional[int]:

@@ -32,6 +32,25 @@ RATE_WINDOW = 10.0  # seconds of progress that steps/s is measured over
 
 
 @dataclass(frozen=True)
+class TrainingFaults:
+    """What went wrong with the training itself (issues 41 and 68), as plain immutable values."""
+
+    steps_skipped: int = 0  # steps skipped: non-finite, or a loss spike's (--on-spike rollback)
+    rollbacks: int = 0  # restores of a finite state after a non-finite loss or a spike (in place, and a group's restart)
+    spikes: tuple[tuple[str, int], ...] = ()  # loss spikes: (--on-spike action, count), sorted by action
+    transient: tuple[tuple[str, int], ...] = ()  # transient faults (spikes not again when replayed): (host, count)
+    suspects: tuple[str, ...] = ()  # hosts reported suspect (--suspect-after), in the order they became so
+
+
+def training_faults(view: RunView) -> TrainingFaults:
+    """The view's :class:`TrainingFaults` now."""
+    found = view.findings
+    return TrainingFaults(steps_skipped=len(view.skipped_steps), rollbacks=view.rollbacks,
+                          spikes=tuple(sorted(found.by_action.items())), transient=tuple(sorted(found.transient.items())),
+                          suspects=tuple(found.suspects))
+
+
+@dataclass(frozen=True)
 class RunSnapshot:
     """What a scrape reports: plain immutable values (times are wall-clock epoch seconds)."""
 
@@ -51,8 +70,7 @@ class RunSnapshot:
     checkpoint_failures: int  # failed saves during this launch
     started_at: float
     logdir_errors: int = 0  # looks at the logdir that failed without saying it is gone (EIO, ESTALE)
-    steps_skipped: int = 0  # non-finite steps skipped (issue 41)
-    rollbacks: int = 0  # restores of a finite state after a non-finite loss (in place, and a group's restart)
+    training: TrainingFaults = TrainingFaults()  # skipped steps, rollbacks, loss spikes, transient faults, suspects
     task_restarts: tuple[tuple[str, str, int], ...] = ()  # --ps: (task, role, restarts) of every task (task_rows)
     time_by_kind: tuple[tuple[str, float], ...] = ()  # where this launch's time went (procsv.goodput.KINDS)
     group_hosts: Optional[int] = None  # --nnodes: the hosts the trainer group runs on now (rule 15: fewer, elastic)
@@ -158,8 +176,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         checkpoint_failures=view.failed_commits,
         started_at=started_at,
         logdir_errors=view.logdir_errors,
-        steps_skipped=len(view.skipped_steps),
-        rollbacks=view.rollbacks,
+        training=training_faults(view),
         task_restarts=task_rows(view),
         time_by_kind=tuple(spent.secs.items()),
         group_hosts=len(view.group_nodes) if view.group_nodes else None,

@@ -11,6 +11,8 @@ the :class:`~procsv.ipc.messages.RunScalars` due now, by global step:
   of the loop, only the last is sent);
 * a **non-finite event** (issue 41), when a rollback or a skipped step was reported: ``procsv/rollbacks``
   and ``procsv/steps_skipped`` (the run's counts), at the newest skipped step (else at the step then);
+* a **loss spike** (issue 68), when one was found or a replay found one the machine's:
+  ``procsv/loss_spikes`` and ``procsv/transient_faults`` (the launch's counts), at the last spike's step;
 * every :data:`SCALARS_EVERY` seconds once a step was completed, and once when the outcome is
   decided: ``procsv/restarts``, ``procsv/goodput``, ``procsv/time_share/<kind>`` (the share of
   this launch's wall time so far of each kind of :mod:`procsv.goodput`) and
@@ -47,6 +49,7 @@ class Sent:
     commits: int = 0  # ``view.commits`` when the last commit point went out
     recovered: int = 1  # trainer attempts (by index in ``view.attempts``) whose recovery point is out or moot
     nonfinite: tuple[int, int] = (0, 0)  # (rollbacks, skipped steps) when the last non-finite point went out
+    spikes: tuple[int, int] = (0, 0)  # (loss spikes, transient faults) when the last spike point went out
     final: bool = False
 
 
@@ -88,6 +91,12 @@ def due(view: RunView, now: float, wall: float, sent: Sent,
         at = view.skipped_steps[-1] if counts[1] != sent.nonfinite[1] else view.step
         out.append(RunScalars(at, wall, ["procsv/rollbacks", "procsv/steps_skipped"], [float(c) for c in counts]))
         sent = replace(sent, nonfinite=counts)
+    found = view.findings
+    spikes = (found.spikes, sum(found.transient.values()))
+    if spikes != sent.spikes and found.last_spike is not None:
+        out.append(RunScalars(found.last_spike.step, wall, ["procsv/loss_spikes", "procsv/transient_faults"],
+                              [float(c) for c in spikes]))
+        sent = replace(sent, spikes=spikes)
     stepped = any(a.first_step_at is not None for a in attempts)
     final = view.finishing and not sent.final
     if stepped and (now >= sent.next_periodic or final):

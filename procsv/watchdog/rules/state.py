@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
 from procsv.watchdog.rules.failures import ChildError, Failure, describe
+from procsv.watchdog.rules.findings import Findings
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.nonfinitelog import NonfiniteLog
 from procsv.watchdog.rules.policy import History
@@ -280,11 +281,12 @@ class RunView:
     standby_after: float = 0.0
     standby_failures: int = 0
     shadow_runs: bool = True
-    # non-finite training (issue 41), as the trainer told it: losses or states found non-finite (a
-    # group's members reporting the same step: once), rollbacks (in place, and a group's: its restart
-    # to skip a step), and the global steps skipped (each would have completed that step), sorted: the
-    # run's, the logdir's earlier launches' first (read at the launch's start: they stay skipped)
-    nonfinite_found: int = 0
+    # non-finite training (issue 41) and loss spikes (issue 68), as the trainer told it: losses or states
+    # found non-finite (a group's members reporting the same step: once), spikes, transient faults by host
+    # and the hosts suspect (findings), rollbacks (in place, and a group's: its restart to skip a step),
+    # and the global steps skipped (each would have completed that step), sorted: the run's, the logdir's
+    # earlier launches' first (read at the launch's start: they stay skipped)
+    findings: Findings = field(default_factory=Findings)
     nonfinite_log: NonfiniteLog = field(default_factory=NonfiniteLog)  # the records not written yet (coalesced)
     rollbacks: int = 0
     skipped_steps: list[int] = field(default_factory=list)
