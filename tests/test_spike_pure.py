@@ -402,6 +402,11 @@ class _Walk:
         self.calls.append(("plan_next", step))
 
 
+def not_a_group(bad: object) -> str:
+    """A single trainer's response never asks for a group's rollback (its watch has no group_refusal)."""
+    raise AssertionError(f"a single trainer asked for a group's rollback: {bad}")
+
+
 def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tuple[SpikeResponse, NonfiniteWatch,
                                                                                    list[Any], _Walk]:
     told: list[Any] = []
@@ -416,7 +421,8 @@ def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tupl
 
     response = SpikeResponse(watch, walk, told.append,  # type: ignore[arg-type]
                              restore or (lambda step: (60, "the in-memory snapshot", "memory", "/m#slot1", 0.01)),
-                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)")
+                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)",
+                             not_a_group)
     return response, watch, told, walk
 
 
@@ -672,7 +678,8 @@ def test_the_walk_judges_a_replayed_spike_at_the_boundary_after_its_detection_st
         state.step = 60
         return 60, "the in-memory snapshot", "memory", "/m#1", 0.01
 
-    response = SpikeResponse(watch, walk, told.append, restore, undone, lambda step: 60, lambda step: "over")
+    response = SpikeResponse(watch, walk, told.append, restore, undone, lambda step: 60, lambda step: "over",
+                             not_a_group)
     judged.append(response.judged)
     losses = {s: 0.3 + 0.001 * (s % 7) for s in range(1, 71)}
     losses[65] = 15.0
