@@ -230,11 +230,11 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     args.nnodes, args.node_rank, args.master_addr = placed.nnodes, placed.node_rank, placed.master_addr
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UsageError(f"--node-rank must be from 0 to --nnodes - 1 ({args.nnodes - 1}), not {args.node_rank}")
-    if args.on_spike == "rollback" and (args.nproc > 1 or args.nnodes > 1 or args.ps > 0):
+    if args.on_spike == "rollback" and args.ps > 0:
         # (refused here, before anything starts: each trainer refused it with a traceback, then the run ended)
         from procsv.trainer.nonfinite.spike import OnSpike, refusal
 
-        raise UsageError(refusal(OnSpike.ROLLBACK, group=args.ps == 0, graph=False, ps=args.ps > 0))
+        raise UsageError(refusal(OnSpike.ROLLBACK, graph=False, ps=True))
     if args.nnodes > 1:
         host, _, port = (args.master_addr or "").rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:

@@ -284,6 +284,36 @@ def test_a_nan_loss_only_one_worker_sees_rolls_the_group_back_once_though_the_ch
     assert_worker1_rolled_the_group_back_once_at_70(logdir, code, err, "trainer.2", local_nan_skipping_70)
 
 
+def test_a_loss_spike_in_one_workers_batch_under_on_spike_rollback_rolls_the_group_back_and_skips_it_bit_equal(
+        logdir, local_nan_skipping_70):
+    """--on-spike rollback in a group (issue 68): worker1's batch of step 70 scaled, the group's loss (the chief's,
+    ``strategy.reduce``) ~50x its median; the chief finds it, exits 5, the group restarts from its snapshot of 50 and
+    every member skips 70: bit-equal to the plain group run that never applied it. No replay first (the data's)."""
+    # before: the launch refused --on-spike rollback with --nproc (exit 2, nothing started)
+    code, out, err = finish(launch(logdir, "--steps", "120", "--spike-at", "70", target=LOCAL_NAN,
+                                   opts=GROUP + ("--on-spike", "rollback")))
+    assert code == 0, err
+    spiked = events(logdir, "spike_detected")
+    assert [(r["step"], r["onset"], r["action"]) for r in spiked] == [(70, 70, "rollback")], spiked
+    assert spiked[0]["loss"] > 30 * spiked[0]["median"], spiked  # (~50x: the spike is the test's, not a noisy step's)
+    assert [r["step"] for r in events(logdir, "step_skipped")] == [70]
+    assert [r["rollback_step"] for r in events(logdir, "restarting")] == [70]
+    assert not events(logdir, "nonfinite_detected") and not events(logdir, "rolled_back")
+    assert not events(logdir, "spike_replayed")  # a group's spike is taken as the data's
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    chief = [s for s in out.splitlines() if s.startswith("[trainer.1] procsv: the loss of step 70 spiked")]
+    assert len(chief) == 1 and "--on-spike rollback in a trainer group: asking for the group's restart (exit code 5)" \
+        in chief[0] and "skips step 70" in chief[0], out
+    said = [s for s in err.splitlines() if s.startswith("procsv: the trainer group rolls back: ")]
+    assert len(said) == 1 and "trainer (pid " in said[0] and "found a loss spike at step 70 (its onset)" in said[0], err
+    for log in ("trainer.2", "worker1.2"):
+        assert "procsv: skipping step 70 again (this run skipped it before); training on from step 71" \
+            in member_log(logdir, log), log
+    status = raw_status(logdir) or {}
+    assert status.get("skipped_steps") == [70] and (status.get("restarts"), status.get("rollbacks")) == (0, 1), status
+    assert_bit_equal(logdir, local_nan_skipping_70)
+
+
 def test_a_nan_one_worker_sees_alone_is_found_though_its_next_group_snapshot_is_not_taken(
         logdir, local_nan_skipping_70):
     """worker1's lone NaN at 70 is found although its next group snapshot is not taken (its copies never held);

@@ -20,7 +20,7 @@ from procsv.common.errors import TrainingDiverged
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK
 from procsv.common.layout import Layout, write_json
 from procsv.common.manifests import Manifest, retiring
-from procsv.ipc.messages import NonfiniteDetected, SaveResult
+from procsv.ipc.messages import NonfiniteDetected, SaveResult, SpikeDetected, StepSkipped
 from procsv.trainer.checkpoint import group_restore, restore, restore_at_start
 from procsv.watchdog import observe
 from procsv.watchdog.rules.failures import ChildError
@@ -75,6 +75,37 @@ def test_whichever_members_report_the_group_rolls_back_once_skipping_the_first_s
     assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]  # the next group, once
     assert sim.tick(0.01) == [] and sim.view.skipped_steps == [70]
     assert sim.view.history.restarts == 0 and sim.view.rollbacks == 1 and sim.view.group_rollbacks() == 1
+
+
+def spiked(sim, slot: str, onset: int, step: int, action: str) -> None:  # type: ignore[no-untyped-def]
+    pid = sim.member(slot).pid
+    observe.heard(sim.view, SpikeDetected(pid, step, onset, 5.0, 1.0, 0.1, action, 1.0), sim.now)
+
+
+def test_a_groups_chief_that_asks_its_groups_rollback_past_a_loss_spike_has_it_skip_the_onset_to_the_detection():
+    # issue 68: --on-spike rollback in a group. The chief's SpikeDetected (action rollback) names the onset, the step
+    # the group's rollback skips; it told the steps after it skipped itself (StepSkipped) before its exit 5.
+    # Before: a spike's record set nothing, so the chief's exit 5 had no step: a failure, restarted without a skip
+    sim = group(2)
+    sim.tick(1.0)
+    spiked(sim, TRAINER, 68, 68, "warn")  # warn (and stop): the group is not rolled back, nothing to skip
+    assert rollback_step(sim.view, sim.trainer) is None and sim.trainer.last_report is None
+    spiked(sim, TRAINER, 68, 70, "rollback")
+    assert rollback_step(sim.view, sim.trainer) == 68 and sim.trainer.last_report == ("spike", 68)
+    for step in (69, 70):
+        observe.heard(sim.view, StepSkipped(sim.trainer.pid, step, 1.0, step - 67), sim.now)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    restarts = of(sim.tick(0.01), Restart)
+    assert len(restarts) == 1 and restarts[0].skip == 68 and restarts[0].delay == 0.0, restarts
+    assert sim.view.skipped_steps == [68, 69, 70] and sim.view.rollbacks == 1 and sim.view.history.restarts == 0
+    assert sim.view.rollback_before is not None and sim.view.rollback_before[0] == 68  # restored before the onset
+
+
+def test_a_single_trainers_spike_rolled_back_in_place_names_no_step_for_a_groups_rollback():
+    sim = group(1)
+    spiked(sim, TRAINER, 70, 70, "rollback")  # a lone trainer replays in place: its own exit 5 is a failure
+    assert sim.trainer.nonfinite_step is None and rollback_step(sim.view, sim.trainer) is None
 
 
 def test_a_member_that_asks_for_the_rollback_is_the_cause_even_if_its_peers_death_came_in_first():

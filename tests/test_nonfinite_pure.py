@@ -416,10 +416,10 @@ def test_a_loss_returned_as_a_variable_is_judged_by_its_value_at_its_step():
         assert watch.check() is None and watch.reads == reads + 1, type(var)  # one read: none at a step
 
 
-@pytest.mark.parametrize("flags, where", [(("--nproc", "2"), "a trainer group"),
-                                          (("--ps", "1"), "a parameter-server job (--ps)")])
-def test_on_spike_rollback_in_a_group_or_a_ps_job_is_refused_before_anything_starts(tmp_path, flags, where):
+@pytest.mark.parametrize("flags, where", [(("--ps", "1"), "a parameter-server job (--ps)")])
+def test_on_spike_rollback_in_a_ps_job_is_refused_before_anything_starts(tmp_path, flags, where):
     # before: the launch started, each trainer refused it with a 47-line traceback, then the run failed
+    # (a trainer group, --nproc, is no longer refused: its group rolls back past a spike, issue 68)
     logdir = tmp_path / "r"
     done = subprocess.run([sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", str(logdir),
                            "--on-spike", "rollback", *flags], capture_output=True, text=True, env=quiet_env(), timeout=60)

@@ -360,15 +360,15 @@ def test_the_policy_parses_and_refuses_rollback_where_it_is_not_built() -> None:
     assert spike.parse(None) == OnSpike.WARN == spike.DEFAULT and spike.parse("rollback") == OnSpike.ROLLBACK
     with pytest.raises(ValueError, match="on_spike must be one of rollback, stop, warn, off, not 'skip'"):
         spike.parse("skip")
-    assert spike.refusal(OnSpike.ROLLBACK, group=False, graph=False) == ""
-    assert spike.refusal(OnSpike.WARN, group=True, graph=True) == "" and spike.refusal(OnSpike.STOP, True, True) == ""
-    group = spike.refusal(OnSpike.ROLLBACK, group=True, graph=False)
-    assert group.startswith("--on-spike rollback is not supported in a trainer group") and "\n" not in group
-    assert "TF1 graph program" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=True)
-    assert "parameter-server job (--ps)" in spike.refusal(OnSpike.ROLLBACK, group=False, graph=False, ps=True)
+    assert spike.refusal(OnSpike.ROLLBACK, graph=False) == ""  # a single trainer, or a trainer group (issue 68)
+    assert spike.refusal(OnSpike.WARN, graph=True, ps=True) == "" and spike.refusal(OnSpike.STOP, True, True) == ""
+    graph = spike.refusal(OnSpike.ROLLBACK, graph=True)
+    assert graph.startswith("--on-spike rollback is not supported in a TF1 graph program") and "\n" not in graph
+    assert "parameter-server job (--ps)" in spike.refusal(OnSpike.ROLLBACK, graph=False, ps=True)
     old_keras = spike.unsupported("Keras fit with Keras 3.0.0 (...)")  # (Keras fit itself rolls spikes back)
     assert old_keras.startswith("--on-spike rollback is not supported in Keras fit with Keras 3.0.0 (...) yet (only "
-                                "in a single trainer's eager custom loop, MonitoredTrainingSession or Keras fit)")
+                                "in an eager custom loop, MonitoredTrainingSession or Keras fit, of a single trainer "
+                                "or a trainer group)")
 
 
 def test_a_spikes_steps_count_against_max_skips_together() -> None:
@@ -402,6 +402,11 @@ class _Walk:
         self.calls.append(("plan_next", step))
 
 
+def not_a_group(bad: object) -> str:
+    """A single trainer's response never asks for a group's rollback (its watch has no group_refusal)."""
+    raise AssertionError(f"a single trainer asked for a group's rollback: {bad}")
+
+
 def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tuple[SpikeResponse, NonfiniteWatch,
                                                                                    list[Any], _Walk]:
     told: list[Any] = []
@@ -416,7 +421,8 @@ def _response(policy: OnSpike, restore: Any = None, committed: int = 60) -> tupl
 
     response = SpikeResponse(watch, walk, told.append,  # type: ignore[arg-type]
                              restore or (lambda step: (60, "the in-memory snapshot", "memory", "/m#slot1", 0.01)),
-                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)")
+                             undone, lambda step: committed, lambda step: f"step {step} would be skip 4 (--max-skips 3)",
+                             not_a_group)
     return response, watch, told, walk
 
 
@@ -672,7 +678,8 @@ def test_the_walk_judges_a_replayed_spike_at_the_boundary_after_its_detection_st
         state.step = 60
         return 60, "the in-memory snapshot", "memory", "/m#1", 0.01
 
-    response = SpikeResponse(watch, walk, told.append, restore, undone, lambda step: 60, lambda step: "over")
+    response = SpikeResponse(watch, walk, told.append, restore, undone, lambda step: 60, lambda step: "over",
+                             not_a_group)
     judged.append(response.judged)
     losses = {s: 0.3 + 0.001 * (s % 7) for s in range(1, 71)}
     losses[65] = 15.0

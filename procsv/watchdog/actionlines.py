@@ -83,10 +83,11 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
             who = next((m for m in members(view, child) if m.nonfinite_step == action.skip), who)
         return [Report(Event.STEP_SKIPPED, {"pid": who.pid, "step": action.skip, "epoch": None, "batch": None,
                                             "skipped": len(view.skipped_steps)}),
-                Report(say=f"procsv: the trainer group rolls back: {who.slot} (pid {who.pid}) found the loss of step "
-                           f"{action.skip} non-finite; restarting the group, whose members restore the newest state "
-                           f"before it and skip it (steps skipped: {', '.join(map(str, view.skipped_steps))})",
-                       err=True),
+                Report(say=f"procsv: the trainer group rolls back: {who.slot} (pid {who.pid}) found "
+                           + (f"a loss spike at step {action.skip} (its onset)" if who.last_report == ("spike", action.skip)
+                              else f"the loss of step {action.skip} non-finite")
+                           + "; restarting the group, whose members restore the newest state before it and skip it "
+                           f"(steps skipped: {', '.join(map(str, view.skipped_steps))})", err=True),
                 Report(Event.RESTARTING, {**nxt, "error": view.last_error})]
     if action.early:  # how it died is said when it is reaped
         return [Report(Event.RESTARTING, {**nxt, "error": view.last_error})]

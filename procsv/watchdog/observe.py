@@ -23,7 +23,7 @@ from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
-from procsv.watchdog.rules.group import blame, copy_held, peer_found, workers
+from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, workers
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
 
@@ -202,7 +202,7 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
         peer = peer_found(view, trainer, msg.step)
         trainer.refused_at = now
         trainer.nonfinite_step = min(msg.step, msg.step if trainer.nonfinite_step is None else trainer.nonfinite_step)
-        trainer.nonfinite_last = msg.step
+        trainer.last_report = ("nonfinite", msg.step)
         fields = {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch, "what": msg.what}
         if peer is not None:  # the group's finding, reported by a peer first: its record, counted once (repeats 0)
             return [Report(Event.NONFINITE_DETECTED, {**fields, "repeats": 0, "peer": peer.pid})]
@@ -228,10 +228,17 @@ def _spike(view: RunView, msg: SpikeDetected | SpikeReplayed, slot: Optional[str
     """A loss spike (issue 68), as the trainer tells it: a lifecycle record each (a spike is one
     finding, said once by the trainer that judged it; its replay's verdict, its rollbacks and skips
     come as their own), tallied in :attr:`RunView.findings`; a transient fault that makes its host
-    suspect (rules/findings) is also a ``host_suspect`` record and a line, once a host."""
-    if _trainer(view, msg.pid, slot) is None:
+    suspect (rules/findings) is also a ``host_suspect`` record and a line, once a host. A trainer group's
+    chief under ``rollback`` asks for the group's rollback past it (exit 5): its onset is the step that
+    rollback skips (``nonfinite_step``, as a non-finite step's)."""
+    trainer = _trainer(view, msg.pid, slot)
+    if trainer is None:
         return []
     found = view.findings
+    if isinstance(msg, SpikeDetected) and msg.action == "rollback" and trainer.role == TRAINER \
+            and len(members(view, trainer)) > 1:  # a group's chief asks for the group's rollback past the onset
+        trainer.last_report = ("spike", msg.onset)
+        trainer.nonfinite_step = min(msg.onset, msg.onset if trainer.nonfinite_step is None else trainer.nonfinite_step)
     if isinstance(msg, SpikeReplayed):
         out = [Report(Event.SPIKE_REPLAYED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset,
                                              "reproduced": msg.reproduced, "loss": msg.loss,

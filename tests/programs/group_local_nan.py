@@ -9,6 +9,12 @@ gradient, as a masked input's would be), the weights stay finite and the other m
                     (the ordinary way a NaN reaches a data-parallel group)
     --loss-nan-at N at step N, worker 1's watched loss alone is NaN, as --nan-at without --in-batch, whatever
                     --in-batch says (repeatable): one run holds both kinds
+    --spike-at N    at step N, worker 1's batch has its targets scaled so that the group's loss jumps ~50x
+                    (repeatable); with it, the loss returned is the group's (``strategy.reduce(SUM, ...)``, as users
+                    write it: the chief judges its loss for spikes, and a spike in any member's batch is in it) and
+                    the Supervisor's spike rule judges from 20 losses on (window 20, z 6: the default 100 would judge
+                    nothing before step 100; a window of this run's first fast fall would pass no 50x jump); the
+                    weights are those of the same run without it
     --skip-at N     step N applies nothing on every member (repeatable): the plain run that never applied it
     --steps N       train to step N
     --exit-at N     worker 1 exits with code 5 at step N, once in the logdir (no NaN, no report: a
@@ -46,6 +52,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--nan-at", type=int, action="append", default=[])
 p.add_argument("--loss-nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
+p.add_argument("--spike-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=120)
 p.add_argument("--exit-at", type=int, default=None)
 p.add_argument("--save-steps", type=int, default=None)
@@ -55,6 +62,7 @@ p.add_argument("--max-to-keep", type=int, default=5)
 p.add_argument("--in-batch", action="store_true")
 p.add_argument("--tail-secs", type=float, default=0.0)
 args = p.parse_args()
+SPIKE_SCALE = 1.4
 PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
 
 keras.utils.set_random_seed(0)
@@ -66,7 +74,8 @@ with strategy.scope():
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     optimizer.build(model.trainable_variables)
 sv = procsv.Supervisor(checkpoint=tf.train.Checkpoint(model=model, optimizer=optimizer), save_model_secs=600,
-                       save_checkpoint_steps=args.save_steps, max_to_keep=args.max_to_keep)
+                       save_checkpoint_steps=args.save_steps, max_to_keep=args.max_to_keep,
+                       spike_thresholds=procsv.SpikeThresholds(window=20, min_history=20, z=6.0) if args.spike_at else None)
 
 
 @tf.function
@@ -78,7 +87,10 @@ def train(x, y, term):  # type: ignore[no-untyped-def]
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    local = strategy.experimental_local_results(strategy.run(replica, args=(x, y)))[0]
+    per_replica = strategy.run(replica, args=(x, y))
+    if args.spike_at:  # the group's loss, judged by the chief
+        return {"loss": strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None) + term}
+    local = strategy.experimental_local_results(per_replica)[0]
     return {"loss": local + term}  # the member's own loss, watched; ``term``: no gradient flows through it
 
 
@@ -105,6 +117,8 @@ def one_step():  # type: ignore[no-untyped-def]
         return None
     xs = np.sin(np.arange(32, dtype=np.float32) * 0.37 + s * 1.3 + rank * 0.7).reshape(8, 4).astype(np.float32)
     ys = xs.sum(axis=1, keepdims=True) * 0.5 + 0.1
+    if rank == 1 and s in args.spike_at:
+        ys = ys * np.float32(SPIKE_SCALE)  # its squared error, and the group's loss, jump ~50x
     poisoned = rank == 1 and s in args.nan_at
     if poisoned and args.in_batch:
         xs = xs.copy()

@@ -39,7 +39,8 @@ records B as skipped and restarts the group, whose members all restore the same 
 order with exit code 4, as a single trainer does.
 
 A loss spike (``--on-spike``, issue 68) refuses a snapshot the same way; its response
-(:mod:`.spike_response`) uses this module's restore in place.
+(:mod:`.spike_response`) uses this module's restore in place, and in a group its ask for the group's
+rollback (:meth:`NonfiniteRollback._ask_group_spike`: the onset .. the detection skipped).
 
 One concern: the Supervisor's non-finite collaborator: its wiring, its policy on a refused snapshot,
 and the restore in place that its rollbacks (a non-finite step's, a loss spike's) share.
@@ -116,7 +117,7 @@ class NonfiniteRollback:
         self._channels: Optional[TrainerChannels] = None
         group_refusal = _group_refusal(config)
         on_spike_now = spike.parse(bootstrap.resolve(on_spike, config.launch.on_spike, None))
-        refusal = spike.refusal(on_spike_now, bool(group_refusal), graph, _ps_tasks(config) > 0)
+        refusal = spike.refusal(on_spike_now, graph, _ps_tasks(config) > 0)
         if refusal:
             raise UsageError(refusal)
         # a group's spikes are judged by its chief alone (its loss is the group's; one finding, one record)
@@ -132,7 +133,7 @@ class NonfiniteRollback:
         # the program's NanTensorHook(fail_on_nan_loss=True) watches the loss: raises its error (None: none does)
         self._program_fails: Optional[Callable[[str], None]] = None
         self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
-                                     self._wind_down, self._over_budget)
+                                     self._wind_down, self._over_budget, self._ask_group_spike)
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = config.launch.nonfinite_check
         if not self.detecting:
@@ -427,6 +428,32 @@ class NonfiniteRollback:
                    f"{watch.budget.max_skips} within {watch.budget.skip_window} steps)")
         print(f"procsv: {message}", file=sys.stderr, flush=True)
         raise GroupRollback(bad_step, message)
+
+    def _ask_group_spike(self, bad: LossSpiked) -> str:
+        """The chief of a group found a loss spike ``bad`` under ``--on-spike rollback`` (its ``SpikeDetected``
+        is sent, with its onset: the watchdog takes the onset as the step the group's rollback skips): past
+        ``--max-skips``, why it stops (exit 4); else, once what was logged is handed off and the snapshot in
+        flight is committed, the steps after the onset up to the detection are told skipped (the restarted
+        group skips them with the onset) and it raises :class:`~procsv.common.errors.GroupRollback` (exit 5),
+        as :meth:`_ask_group` for a non-finite step. No replay first: a group's spike is taken as the data's."""
+        watch, agent, ch = self.watch, self._agent, self._channels
+        steps = range(bad.onset, bad.detected + 1)
+        over = watch.budget.first_refused(steps)
+        if over is not None:
+            return f"skipping steps {bad.onset}-{bad.detected}: {self._over_budget(over)}"
+        self._flush_summaries()
+        if agent is not None and ch is not None and agent.in_flight is not None:
+            agent.wait_in_flight(ch, bad.detected, self._clock() + self._settings.stop_grace_secs)
+        told = len(watch.budget.skipped) + 1  # (the onset: counted when the watchdog restarts the group)
+        for s in steps[1:]:
+            told += 1
+            self._tell(notices.skipped(s, told, watch.position))
+        skipped = f"step {bad.onset}" if bad.onset == bad.detected else f"steps {bad.onset}-{bad.detected}"
+        message = (f"{bad.what}; --on-spike rollback in a trainer group: asking for the group's restart (exit code "
+                   f"5); every member restores the newest state before step {bad.onset} and skips {skipped} (a "
+                   f"group's spike is taken as the data's, not replayed first)")
+        print(f"procsv: {message}", file=sys.stderr, flush=True)
+        raise GroupRollback(bad.onset, message)
 
     def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
         """Put back the state kept before the retry of ``bad_step`` (:mod:`.retry_state`), if it is

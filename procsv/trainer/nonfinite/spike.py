@@ -64,16 +64,15 @@ class OnSpike(str, enum.Enum):
 DEFAULT = OnSpike.WARN  # a false flag under rollback would drop the user's batches: rollback is asked for
 
 
-def refusal(policy: OnSpike, group: bool, graph: bool, ps: bool = False) -> str:
-    """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for a
-    single trainer's eager loop (a custom loop under ``procsv.Supervisor``, an eager
-    ``MonitoredTrainingSession``, Keras ``fit``) only, not yet for a trainer group's member (``group``), a TF1 graph
-    program (``graph``) nor a task of a parameter-server job (``ps``); Keras ``fit`` with a Keras version
-    its replay is not tested with refuses it as it starts (:func:`unsupported`)."""
+def refusal(policy: OnSpike, graph: bool, ps: bool = False) -> str:
+    """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for an
+    eager loop (a custom loop under ``procsv.Supervisor``, an eager ``MonitoredTrainingSession``, Keras
+    ``fit``) of a single trainer or of a trainer group's members (the group rolls back as a group:
+    :mod:`.spike_response`), not yet for a TF1 graph program (``graph``) nor a task of a parameter-server
+    job (``ps``); Keras ``fit`` with a Keras version its replay is not tested with refuses it as it
+    starts (:func:`unsupported`)."""
     if policy != OnSpike.ROLLBACK:
         return ""
-    if group:
-        return unsupported("a trainer group (--nproc, MultiWorkerMirroredStrategy)")
     if graph:
         return unsupported("a TF1 graph program")
     if ps:
@@ -83,8 +82,9 @@ def refusal(policy: OnSpike, group: bool, graph: bool, ps: bool = False) -> str:
 
 def unsupported(where: str) -> str:
     """The one line that refuses ``--on-spike rollback`` in ``where``."""
-    return (f"--on-spike rollback is not supported in {where} yet (only in a single trainer's eager custom loop, "
-            "MonitoredTrainingSession or Keras fit): use --on-spike warn or stop (or on_spike=...)")
+    return (f"--on-spike rollback is not supported in {where} yet (only in an eager custom loop, "
+            "MonitoredTrainingSession or Keras fit, of a single trainer or a trainer group): use --on-spike warn "
+            "or stop (or on_spike=...)")
 
 
 def parse(value: Optional[str], default: OnSpike = DEFAULT) -> OnSpike:

@@ -35,6 +35,14 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   gave the replay up: Keras fit's batches since the restored state not all kept) gets no verdict, said
   in the rollback's line. A non-finite step's rollback under way is not cut short:
   such a spike is only said.
+
+In a trainer group (``--nproc``, MultiWorkerMirroredStrategy) the chief alone judges its losses (its
+loss is the group's when the step returns ``strategy.reduce(SUM, ...)``), and no member rolls back
+in place: under ``rollback`` the chief asks for the group's rollback as a member does for a non-finite
+step (the rollback's ``ask_group``: exit code 5, the watchdog restarts the group, every member restores
+the newest state before the onset and skips the onset .. the detection). No replay tells the machine's
+spike from the data's first (it would cost a restart of every member): a group's spike is always
+taken as the data's, and its steps are skipped.
 """
 
 from __future__ import annotations
@@ -63,11 +71,13 @@ class SpikeResponse:
     the rollback's ``restore`` (the newest state before a step, in place: its step, where from in
     words, as a kind and a path, and its seconds; or why not), ``undone`` (the steps after a restored
     one are undone), ``wind_down`` (before a stop in order at a step: returns the newest committed
-    step) and ``over_budget`` (why a skip of a step breaks ``--max-skips``)."""
+    step), ``over_budget`` (why a skip of a step breaks ``--max-skips``) and ``ask_group`` (a group's
+    member: the group's rollback past a spike, raising :class:`~procsv.common.errors.GroupRollback`, or
+    why not)."""
 
     def __init__(self, watch: NonfiniteWatch, walk: BoundaryWork, tell: Callable[[Message], None],
                  restore: Restore, undone: Callable[[int], None], wind_down: Callable[[int], int],
-                 over_budget: Callable[[int], str]) -> None:
+                 over_budget: Callable[[int], str], ask_group: Callable[[LossSpiked], str]) -> None:
         self._watch = watch
         self._walk = walk
         self._tell = tell
@@ -75,6 +85,7 @@ class SpikeResponse:
         self._undone = undone
         self._wind_down = wind_down
         self._over_budget = over_budget
+        self._ask_group = ask_group
         self._replaying: dict[int, tuple[Spike, tuple[float, ...]]] = {}
         self._skip: set[tuple[int, int]] = set()
 
@@ -137,7 +148,9 @@ class SpikeResponse:
         key = (bad.onset, bad.detected)
         skip = key in self._skip
         self._skip.discard(key)
-        if policy == OnSpike.ROLLBACK:
+        if policy == OnSpike.ROLLBACK and self._watch.group_refusal:  # a group's member: the group rolls back
+            why = self._ask_group(bad)  # (raises GroupRollback; at the final checkpoint too: its restart replays)
+        elif policy == OnSpike.ROLLBACK:
             why = ("it was found by the final checkpoint's check, with no step left to replay" if final
                    else self._roll_back(bad, skip))
             if not why:

@@ -379,7 +379,7 @@ def peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildVie
     if member.role not in (TRAINER, WORKER) or view.tasks_alone:
         return None
     return next((m for m in view.children.values() if m is not member and m.role in (TRAINER, WORKER)
-                 and m.attempt == member.attempt and m.nonfinite_last == step), None)
+                 and m.attempt == member.attempt and m.last_report == ("nonfinite", step)), None)
 
 
 def silent_members(view: RunView, now: float) -> list[ChildView]:

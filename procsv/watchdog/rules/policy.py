@@ -136,7 +136,7 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
                         "not skip a step: a restart would meet it again)", history)
     if ex.code == EXIT_GROUP_ROLLBACK and ex.rollback_step is not None:
         return Decision(Action.RESTART, 0.0, f"the trainer group rolls back: a member found the loss of step "
-                        f"{ex.rollback_step} non-finite; every member restores the newest state before it and skips it",
+                        f"{ex.rollback_step} non-finite (or spiking, from that step on); every member restores the newest state before it and skips it",
                         history, skip=ex.rollback_step)
     if ex.preempted and ex.code == EXIT_PREEMPTED:
         return Decision(Action.RESTART, 0.0, "trainer was preempted after saving its state",

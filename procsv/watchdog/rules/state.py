@@ -83,8 +83,12 @@ class ChildView:
     rollback_secs: float = 0.0  # those rollbacks' restores
     save_overdue: str = ""  # its snapshot in flight passed its deadline (SaveOverdue): why, until acted on
     refused_at: Optional[float] = None  # it last refused a snapshot of a non-finite state (NonfiniteDetected)
-    nonfinite_step: Optional[int] = None  # the first step it reported non-finite (NonfiniteDetected)
-    nonfinite_last: Optional[int] = None  # the step of its latest NonfiniteDetected (a peer's same step: one finding)
+    # the first step it reported non-finite (NonfiniteDetected), or the onset of a loss spike a group's chief
+    # asks its group's rollback for (SpikeDetected, action rollback): the step a group's rollback skips
+    nonfinite_step: Optional[int] = None
+    # its latest such report, (what, step): ("nonfinite", its NonfiniteDetected's step: a peer's same step is one
+    # finding) or ("spike", the onset of a rollback's SpikeDetected)
+    last_report: Optional[tuple[str, int]] = None
     group_rollback: Optional[int] = None  # a chief's attempt that ended in its group's rollback: the step skipped
     loading_since: Optional[float] = None  # a service loading what it needs (ServiceLoading), until loaded
     # its progress (for the restart policy): the newest committed step the watchdog knew of when it
