@@ -208,6 +208,8 @@ class StepBoundary:
         ch = self._channels
         assert ch is not None
         summaries = self._summaries
+        if not self.progress.first_done and self._keeper is not None:  # the first step built the program's model
+            self._keeper.check_restored()
         self.progress.after_step(ch, self.state.step, now, slack)
         periodic = self._settings.save_summaries_secs and self.standard_started
         if periodic and now >= summaries.next_periodic:

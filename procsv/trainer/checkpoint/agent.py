@@ -98,13 +98,16 @@ class SnapshotHooks:
     position); ``procsv.train``'s CheckpointSaverListeners, called with (step, reason) right before a
     disk snapshot (``before``) and with the step when the trainer learns it is committed
     (``committed``); the non-finite policy, called with (the refusal, at the final checkpoint) when a
-    snapshot's state is not finite (``refused``); and ``wake``: a save was requested outside the
-    boundary (the step boundary opens its checkpoint half)."""
+    snapshot's state is not finite (``refused``); the checkpoints' keeper, called with TF's restore
+    status after a restore from disk (``restored``: it checks, after the first step, what the restore did
+    not reach); and ``wake``: a save was requested outside the boundary (the step boundary opens its
+    checkpoint half)."""
 
     prepare: list[Callable[[], None]] = field(default_factory=list)
     before: list[Callable[[int, SaveReason], None]] = field(default_factory=list)
     committed: list[Callable[[int], None]] = field(default_factory=list)
     refused: list[Callable[[NonFiniteState, bool], None]] = field(default_factory=list)
+    restored: list[Callable[[str, Any], None]] = field(default_factory=list)
     wake: Callable[[], None] = _nothing
 
 
@@ -258,6 +261,9 @@ class CheckpointAgent:
                                                   sleep=self.restore_rules.sleep, pinned=pinned, before=before)
         if done.path is not None:
             self.restored_from, self.restored_source = done.path, RestoreSource.DISK
+            if done.status is not None:
+                for restored in self.hooks.restored:
+                    restored(done.path, done.status)
         self.revisions.passed_over({m.step: m.revision for m in done.passed})
         if self.restored_from:
             self.view.restored(int(self.global_step.numpy()))

@@ -43,6 +43,8 @@ class CheckpointKeeper:
         # what the next session's restore restores into instead of the agent's checkpoint object (None: that):
         # an object with ``restore(path)`` as ``tf.train.Checkpoint``'s (FrontEnd.restore_into); used once
         self.restore_target: Optional[Any] = None
+        self._restored: Optional[tuple[str, Any]] = None  # the path and TF's status of the last restore, till checked
+        self.configure(lambda agent: agent.hooks.restored.append(self._note_restored))
 
     def attach(self, channels: TrainerChannels) -> None:
         """A session is prepared: the checkpoint service is reached through ``channels``."""
@@ -66,6 +68,25 @@ class CheckpointKeeper:
         for setup in self._setup:
             setup(self.agent)
         return self.agent
+
+    def _note_restored(self, path: str, status: Any) -> None:
+        self._restored = (path, status)
+
+    def check_restored(self) -> None:
+        """After the session's first step (the program has built its model): one line if the restore did
+        not reach variables the program created after it (:func:`~.restore_at_start.unassigned`: they kept
+        their initial values, and the run goes on from them, as TF's own restore would); checked once."""
+        if self._restored is None:
+            return
+        (path, status), self._restored = self._restored, None
+        missed = restore_at_start.unassigned(status)
+        if missed:
+            names = ", ".join(k.split("/.ATTRIBUTES")[0] for k in missed[:4]) + (", ..." if len(missed) > 4 else "")
+            print(f"procsv: the restore of {os.path.basename(path)} did not reach {len(missed)} variable(s) the "
+                  f"program created after it ({names}): they keep their initial values, so this run goes on from "
+                  "them, not from the checkpoint (TensorFlow's own restore does the same: a Keras 3 layer built "
+                  "after a restore is not restored); build the model before managed_session() (model.build(...) "
+                  "or one call on a batch) to resume it whole", file=sys.stderr, flush=True)
 
     @property
     def restored_from(self) -> Optional[str]:

@@ -44,6 +44,7 @@ class Restored:
     path: Optional[str]
     corrupt: list[str]
     passed: list[Manifest] = field(default_factory=list)  # committed after the step a group rolls back (``before``)
+    status: Any = None  # TF's restore status of ``path`` (object-based), for :func:`unassigned` once the program built its model
 
 
 def rolled_back_over(committed: list[Manifest], before: Optional[int]) -> list[Manifest]:
@@ -145,9 +146,11 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         print(f"procsv: skipping corrupt checkpoint {manifest.prefix} ({why}); trying an older one",
               file=sys.stderr, flush=True)
 
+    statuses: list[Any] = []
+
     def attempt(manifest: Manifest) -> None:
         try:
-            verify_and_restore(checkpoint, global_step, layout, manifest)
+            statuses.append(verify_and_restore(checkpoint, global_step, layout, manifest))
         except CorruptCheckpoint:
             if relist and not os.path.exists(manifest_path(layout, manifest.prefix)):
                 raise _Retired(manifest.prefix) from None
@@ -159,7 +162,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
     if choice.restored is None:
         legacy = tf.train.latest_checkpoint(layout.logdir) if not committed and not damaged and not later else None
         if legacy:
-            restore_foreign(checkpoint, global_step, legacy)
+            statuses.append(restore_foreign(checkpoint, global_step, legacy))
             path = legacy
         else:
             if committed:
@@ -170,7 +173,7 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
         names = ", ".join(m.prefix for m, _ in choice.corrupt)
         print(f"procsv: the checkpoint service moves the corrupt {names} to {layout.quarantine}/ "
               "(not deleted: look at them there)", file=sys.stderr, flush=True)
-    return Restored(path, [m.prefix for m, _ in choice.corrupt], later)
+    return Restored(path, [m.prefix for m, _ in choice.corrupt], later, statuses[-1] if path and statuses else None)
 
 
 @dataclass(frozen=True)
@@ -199,20 +202,20 @@ def _restore_pinned(checkpoint: Any, global_step: Any, layout: Layout, init: Cal
         return Restored(None, [])
     manifest = next((m for m in list_committed(layout) if m.path(layout.logdir) == path), None)
     if manifest is not None:
-        verify_and_restore(checkpoint, global_step, layout, manifest)
+        status = verify_and_restore(checkpoint, global_step, layout, manifest)
     else:  # a plain-TF checkpoint of the logdir, as the chief found it
-        restore_foreign(checkpoint, global_step, path)
-    return Restored(path, [])
+        status = restore_foreign(checkpoint, global_step, path)
+    return Restored(path, [], status=status)
 
 
-def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manifest: Manifest) -> None:
-    """Verify then restore one committed checkpoint; TF's read errors become
-    :class:`CorruptCheckpoint` (data loss, not found) or :class:`UnreadableCheckpoint`."""
+def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manifest: Manifest) -> Any:
+    """Verify then restore one committed checkpoint (returned: TF's restore status); TF's read errors
+    become :class:`CorruptCheckpoint` (data loss, not found) or :class:`UnreadableCheckpoint`."""
     import tensorflow as tf
 
     verify(layout, manifest)
     try:
-        restore_path(checkpoint, global_step, manifest.path(layout.logdir), manifest.step)
+        return restore_path(checkpoint, global_step, manifest.path(layout.logdir), manifest.step)
     except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:
         raise CorruptCheckpoint(f"{manifest.prefix}: {str(exc).splitlines()[0]}") from None
     except (tf.errors.PermissionDeniedError, tf.errors.UnavailableError) as exc:
@@ -223,14 +226,15 @@ def verify_and_restore(checkpoint: Any, global_step: Any, layout: Layout, manife
         raise unreadable_file(manifest.prefix, exc.filename or "?", exc) from None
 
 
-def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> None:
+def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> Any:
     """Restore ``path`` and set ``global_step`` to ``step`` (a manifest's, or what
     :func:`restore_foreign` read) unless the restore itself set it; a checkpoint that does not
     match the program (a variable missing, or of another shape: a changed layer size) is a
     :class:`MismatchedCheckpoint` naming the variable. A name-based checkpoint that restored its
     global step (its ``step_key``, not left out) keeps the value stored in it: a restore never moves
     the global step (the step is read again from the variable); one that did not (no global step
-    saved, or left out: a foreign checkpoint without one) gets ``step`` assigned."""
+    saved, or left out: a foreign checkpoint without one) gets ``step`` assigned. Returns TF's restore
+    status (see :func:`unassigned`)."""
     try:
         status = checkpoint.restore(path)
         status.assert_existing_objects_matched()
@@ -244,13 +248,32 @@ def restore_path(checkpoint: Any, global_step: Any, path: str, step: int) -> Non
             forget = getattr(global_step, "forget", None)
             if forget is not None:
                 forget()  # the session's variable holds the stored step; what was observed before is stale
-            return
+            return status
         global_step.assign(step)
     elif int(global_step.numpy()) != step:
         global_step.assign(step)
+    return status
 
 
-def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
+def unassigned(status: Any) -> list[str]:
+    """The checkpoint keys of variables the program created after the restore whose values the restore
+    never assigned (none: ``[]``), read from TF's restore ``status`` once the program has built them (its
+    first step). TF restores a value it has no variable for yet when the variable is created (its deferred
+    restoration); a Keras 3 layer built after the restore escapes it (its ``Dense`` kernel is created and
+    tracked again and keeps its initial value: TF's checkpoint guide's program, restored by
+    ``tf.train.CheckpointManager`` too, resumes with a fresh kernel). TF's own check of the objects that
+    exist (``assert_existing_objects_matched``) names them."""
+    import re
+
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as exc:
+        keys = re.findall(r'checkpoint_key: "([^"]+)"', str(exc))
+        return keys or [str(exc).splitlines()[0]]
+    return []
+
+
+def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> Any:
     """Restore a checkpoint procsv did not write (a plain ``tf.train.CheckpointManager``'s
     ``ckpt-3``, found through the logdir's ``checkpoint`` file when nothing is committed) at the step
     stored in it: its root's ``global_step`` variable, else its ``step`` variable
@@ -263,7 +286,7 @@ def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
 
     if isinstance(checkpoint, NameBasedCheckpoint):
         _restore_foreign_by_name(checkpoint, global_step, path)
-        return
+        return None
     reader = tf.train.load_checkpoint(path)
     dtypes = reader.get_variable_to_dtype_map()
     shapes = reader.get_variable_to_shape_map()
@@ -279,7 +302,7 @@ def restore_foreign(checkpoint: Any, global_step: Any, path: str) -> None:
     if held is not None:
         delattr(checkpoint, "global_step")  # not in the file: no object to match it to
     try:
-        restore_path(checkpoint, global_step, path, step)
+        return restore_path(checkpoint, global_step, path, step)
     finally:
         if held is not None:
             checkpoint.global_step = held
