@@ -37,7 +37,8 @@ from procsv.common import faults
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
-from procsv.common.manifests import Manifest, list_committed, manifest_path, retiring, verify, write_state_file
+from procsv.common.manifests import (Manifest, list_committed, manifest_path, pending_path, retiring, verify,
+                                     write_state_file)
 from procsv.services.checkpoint import inplace
 from procsv.services.checkpoint.policy import retention
 
@@ -361,7 +362,7 @@ class CheckpointStore:
         fsync_dir(self.layout.manifests)
 
     def _pending(self, prefix: str) -> str:
-        return os.path.join(self.layout.manifests, prefix + ".pending")
+        return pending_path(self.layout, prefix)
 
     def _write_state(self, committed: list[Manifest]) -> None:
         write_state_file(self.layout, committed, self.last_preserved)
