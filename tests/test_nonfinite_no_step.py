@@ -116,3 +116,55 @@ def test_a_nan_without_a_global_step_is_rolled_back_from_the_unnumbered_checkpoi
     plain = run(None)
     assert np.isfinite(np.frombuffer(w, np.float32)).all()
     assert (w, slot) == plain[:2]  # bit-equal: w and its momentum
+
+
+def test_reading_a_checkpoint_rewritten_in_place_reads_again_until_no_rewrite_met_it(tmp_path):
+    # pure (files only, a fake clock): the rollback's read of model.ckpt is of one committed state,
+    # never half of a rewrite (its files renamed over before its manifest, the commit point)
+    from procsv.common.crc32c import file_checksum
+    from procsv.common.errors import CorruptCheckpoint
+    from procsv.common.layout import Layout, write_json
+    from procsv.common.manifests import Manifest, manifest_path, pending_path, read_in_place
+
+    layout = Layout(str(tmp_path / "run"))
+    layout.create()
+    data = os.path.join(layout.logdir, "model.ckpt.index")
+
+    def commit(step: int) -> Manifest:
+        with open(data, "w") as fh:
+            fh.write(f"state of step {step}")
+        m = Manifest(step, "model.ckpt", {"model.ckpt.index": {"size": os.path.getsize(data),
+                                                               "crc32c": file_checksum(data)}}, float(step), "steps")
+        write_json(manifest_path(layout, "model.ckpt"), m.to_json())
+        return m
+
+    now = [0.0]
+
+    def sleep(secs: float) -> None:
+        now[0] += secs
+
+    def read_in(read):  # type: ignore[no-untyped-def]
+        return read_in_place(layout, "model.ckpt", read, wait_secs=1.0, clock=lambda: now[0], sleep=sleep)
+
+    assert read_in(lambda m: None) is None  # nothing committed
+    commit(20)
+    seen: list[int] = []
+
+    def rewritten_once(m: Manifest) -> None:  # the service commits step 30 while step 20 is read
+        seen.append(m.step)
+        if m.step == 20:
+            commit(30)
+
+    assert read_in(rewritten_once).step == 30 and seen == [20, 30]
+    with open(pending_path(layout, "model.ckpt"), "w") as fh:  # a rewrite in progress: not read meanwhile
+        fh.write("{}")
+    seen.clear()
+    with pytest.raises(CorruptCheckpoint, match="rewritten in place"):
+        read_in(lambda m: seen.append(m.step))
+    assert seen == []
+    os.unlink(pending_path(layout, "model.ckpt"))
+    with open(data, "a") as fh:  # damaged, nothing rewriting it: corrupt, not read
+        fh.write("!")
+    with pytest.raises(CorruptCheckpoint, match="bytes"):
+        read_in(lambda m: seen.append(m.step))
+    assert seen == []
