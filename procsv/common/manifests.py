@@ -91,6 +91,12 @@ def manifest_path(layout: Layout, prefix: str) -> str:
     return os.path.join(layout.manifests, prefix + ".json")
 
 
+def pending_path(layout: Layout, prefix: str) -> str:
+    """The checkpoint service's intent record of a commit of ``prefix`` in progress (its files being
+    placed; for a rewrite in place, :mod:`procsv.services.checkpoint.inplace`): removed once committed."""
+    return os.path.join(layout.manifests, prefix + ".pending")
+
+
 # ------------------------------------------------------------------ restore vs retention
 RESTORE_LOCK = "restore.lock"  # in .procsv/: shared while a trainer restores, exclusive while retention deletes
 RESTORE_LOCK_WAIT = 30.0  # seconds a restore waits for a deletion in progress (a few unlinks) to finish
@@ -136,6 +142,50 @@ def restoring(layout: Layout, wait_secs: float = RESTORE_LOCK_WAIT, clock: Calla
         yield held
     finally:
         os.close(fd)
+
+
+IN_PLACE_POLL = 0.01  # seconds between two looks at a prefix being rewritten in place
+
+
+def _settled(layout: Layout, prefix: str) -> tuple[bool, Optional[Manifest]]:
+    """(no commit of ``prefix`` in progress, its committed manifest or None)."""
+    idle = not os.path.exists(pending_path(layout, prefix))
+    return idle, Manifest.from_json(read_json(manifest_path(layout, prefix)))
+
+
+def read_in_place(layout: Layout, prefix: str, read: Callable[[Manifest], None], *,
+                  wait_secs: float = RESTORE_LOCK_WAIT, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Optional[Manifest]:
+    """Read the committed checkpoint of a prefix the checkpoint service rewrites in place (a program
+    without a global step's unnumbered ``<basename>``: :mod:`procsv.services.checkpoint.inplace`),
+    whatever step it holds now: under the restore lock (:func:`restoring`), its files verified against
+    its manifest, then ``read(manifest)``, with no commit of the prefix in progress before and the
+    same manifest, none in progress, after; a rewrite meanwhile (the files renamed over before its
+    manifest is the commit point) makes it look and read again, for up to ``wait_secs``. Returns the
+    manifest read; None if none is committed. Raises :class:`CorruptCheckpoint` (the files fail the
+    manifest while nothing rewrites them, or it was rewritten throughout ``wait_secs``) and
+    :class:`UnreadableCheckpoint`; ``read`` raises :class:`CorruptCheckpoint` for files it finds
+    damaged (TensorFlow's read errors), which counts as a rewrite met when the prefix has moved."""
+    deadline = clock() + wait_secs
+    with restoring(layout, wait_secs, clock, sleep):
+        while True:
+            idle, before = _settled(layout, prefix)
+            if idle and before is None:
+                return None
+            if idle and before is not None:
+                try:
+                    verify(layout, before)
+                    read(before)
+                except CorruptCheckpoint:
+                    if _settled(layout, prefix) == (True, before):  # nothing moved: the files are damaged
+                        raise
+                else:
+                    if _settled(layout, prefix) == (True, before):
+                        return before
+            if clock() >= deadline:
+                raise CorruptCheckpoint(f"{prefix}: rewritten in place throughout {wait_secs:.0f} s: "
+                                        "no consistent read of it")
+            sleep(IN_PLACE_POLL)
 
 
 @contextmanager

@@ -37,7 +37,8 @@ from procsv.common import faults
 from procsv.common.errors import CheckpointError, CorruptCheckpoint, UnreadableCheckpoint
 from procsv.common.layout import Layout, fsync_dir, read_json, write_json
 from procsv.common.crc32c import file_checksum
-from procsv.common.manifests import Manifest, list_committed, manifest_path, retiring, verify, write_state_file
+from procsv.common.manifests import (Manifest, list_committed, manifest_path, pending_path, retiring, verify,
+                                     write_state_file)
 from procsv.services.checkpoint import inplace
 from procsv.services.checkpoint.policy import retention
 
@@ -173,7 +174,7 @@ class CheckpointStore:
                         f"{name} already exists in the logdir and was not committed by procsv; "
                         "move it away so procsv can write its checkpoint there"
                     )
-            write_json(self._pending(prefix), {"files": names} if old is None
+            write_json(pending_path(self.layout, prefix), {"files": names} if old is None
                        else {"files": names, "replaces": old.committed_at})
             placed: list[str] = []
             try:
@@ -192,13 +193,13 @@ class CheckpointStore:
             except OSError:
                 if old is not None:  # the previous files go back where they were
                     inplace.put_back(self.layout, prefix, placed, old.files)
-                    os.unlink(self._pending(prefix))
+                    os.unlink(pending_path(self.layout, prefix))
                     raise
                 self._roll_back(prefix, placed)  # a full disk must not keep an uncommitted copy's space
                 raise
             if old is not None:  # before the record goes: a crash in it is finished by recover()
                 inplace.drop_previous(self.layout, old, names, lambda: fault_point("before_drop"))
-            os.unlink(self._pending(prefix))
+            os.unlink(pending_path(self.layout, prefix))
             fsync_dir(self.layout.manifests)
             fault_point("before_state_file")
             try:
@@ -224,7 +225,7 @@ class CheckpointStore:
             except OSError:
                 pass
         try:
-            os.unlink(self._pending(prefix))
+            os.unlink(pending_path(self.layout, prefix))
         except OSError:
             pass
 
@@ -339,7 +340,7 @@ class CheckpointStore:
         retiring_now = []
         for m in retired:
             try:
-                os.rename(manifest_path(self.layout, m.prefix), self._pending(m.prefix))
+                os.rename(manifest_path(self.layout, m.prefix), pending_path(self.layout, m.prefix))
             except FileNotFoundError:
                 continue
             retiring_now.append(m)
@@ -357,11 +358,8 @@ class CheckpointStore:
                 fault_point("mid_delete")
         fsync_dir(self.layout.logdir)
         for m in retiring_now:
-            os.unlink(self._pending(m.prefix))
+            os.unlink(pending_path(self.layout, m.prefix))
         fsync_dir(self.layout.manifests)
-
-    def _pending(self, prefix: str) -> str:
-        return os.path.join(self.layout.manifests, prefix + ".pending")
 
     def _write_state(self, committed: list[Manifest]) -> None:
         write_state_file(self.layout, committed, self.last_preserved)

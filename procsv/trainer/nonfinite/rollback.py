@@ -55,7 +55,9 @@ from typing import Any, Callable, Optional, Sequence
 from procsv import cluster
 from procsv.common import bootstrap
 from procsv.common.bootstrap import ChildConfig
-from procsv.common.errors import GroupRollback, LossSpiked, NonFiniteState, UsageError
+from procsv.common.errors import (CorruptCheckpoint, GroupRollback, LossSpiked, NonFiniteState,
+                                  UnreadableCheckpoint, UsageError)
+from procsv.common.manifests import Manifest, read_in_place
 from procsv.ipc.messages import Message, RestoreSource, SessionLogEvent, SessionStatus
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import memory_restore
@@ -379,25 +381,70 @@ class NonfiniteRollback:
         if restored < 0:
             if agent.in_flight is not None:
                 agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
+            kind = RestoreSource.DISK
+            if not getattr(agent.global_step, "numbered", True):  # no global step: one prefix, rewritten in place
+                self._flush_summaries()
+                began = self._clock()
+                done = self._restore_in_place(agent, bad_step)
+                if isinstance(done, str):
+                    return done
+                restored, source, path = done
+                return restored, source, kind, path, self._clock() - began
             restored = agent.last_committed
             if restored < 0 or restored >= bad_step:
                 return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
             self._flush_summaries()
-            source, kind = f"{agent.policy.basename}-{restored}", RestoreSource.DISK
+            source = f"{agent.policy.basename}-{restored}"
             path = os.path.join(agent.layout.logdir, source)
             began = self._clock()
-            if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
-                agent.store.checkpoint.restore(path)
-            else:
-                self._checkpoint.read(path).expect_partial()
+            self._read_into_state(agent, path)
         return restored, source, kind, path, self._clock() - began
+
+    def _read_into_state(self, agent: CheckpointAgent, path: str) -> None:
+        """Restore the checkpoint at ``path`` in place (the disk tier of a rollback)."""
+        if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
+            agent.store.checkpoint.restore(path)
+        else:
+            self._checkpoint.read(path).expect_partial()
+
+    def _restore_in_place(self, agent: CheckpointAgent, bad_step: int) -> tuple[int, str, str] | str:
+        """The disk tier's restore for a program without a global step: its one checkpoint, ``<basename>``
+        (as TF's Supervisor names it), is rewritten in place at each save and may hold a newer step than
+        the last commit this trainer was told of, so it is read at the step its manifest holds, consistent
+        with a rewrite (:func:`~procsv.common.manifests.read_in_place`). Returns that step, where it came
+        from in words and as a path; or why there is none before ``bad_step``."""
+        import tensorflow as tf
+
+        basename, layout = agent.policy.basename, agent.layout
+        path = os.path.join(layout.logdir, basename)
+        none = f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
+
+        def read(manifest: Manifest) -> None:
+            if manifest.step >= bad_step:  # not read (its snapshot passed the checks: never expected)
+                return
+            try:
+                self._read_into_state(agent, path)
+            except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:  # rewritten while read
+                raise CorruptCheckpoint(f"{basename}: {str(exc).splitlines()[0]}") from None
+
+        try:
+            done = read_in_place(layout, basename, read, clock=self._clock)
+        except (CorruptCheckpoint, UnreadableCheckpoint) as exc:
+            return f"{none}: {exc}"
+        if done is None:
+            return none
+        if done.step >= bad_step:
+            return f"{none} ({basename}, the one checkpoint of a run without a global step, holds step {done.step})"
+        return done.step, basename, path
 
     def _undone(self, ch: TrainerChannels, restored: int) -> None:
         """The state of ``restored`` was put back in place: the steps after it are undone (the step
         count, the losses kept and judged for spikes, TensorBoard's points after it)."""
-        forget = getattr(self._counter.global_step, "forget", None)
-        if forget is not None:  # a graph program's global step: its last observed value is undone
-            forget()
+        step = self._counter.global_step
+        if not getattr(step, "numbered", True):  # no global step: the count kept in Python, held by no checkpoint
+            step.assign(restored)
+        elif getattr(step, "forget", None) is not None:  # a graph program's global step: its last observed value is undone
+            step.forget()
         self._counter.pending = 0  # the variable holds the restored step
         self._state.step = restored
         self.watch.losses.forget()
