@@ -26,6 +26,9 @@ class FakeRollback:
 
     replaces_nan_hooks = False
 
+    def settle_at_end(self, replay: Any) -> None:
+        """Nothing rolled back, nothing to finish at the loop's end."""
+
 
 class FakeFrontEnd:
     """What the sessions and hooks ask of a procsv.Supervisor's ``front_end``: its clock, its session,

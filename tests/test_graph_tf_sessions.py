@@ -713,8 +713,11 @@ def _a_loop_whose_loss_stays_nan(tf, module, eager: bool, checkpoint_dir: str) -
     NaN (a diverged model: no rollback gets past it), the program catching TF's NanLossDuringTrainingError
     around its session block, as a program that reports the NaN and exits does. How many runs it made, what
     it caught (class name, text, TF's class, procsv's), and whether every committed checkpoint is finite.
-    (At most 200 runs: a bound, not the test's subject. With 30, a loaded run's rollback once restored the
-    in-memory snapshot of step 0 and the loop ended before the rollback gave up: no error raised.)"""
+    The eager loop ends at step 30 (as a StopAtStepHook's), which the rollback never reaches: it gives up
+    first, whenever its checks come (with 30 runs, a loaded run's rollback once restored the in-memory
+    snapshot of step 0 and the loop ended inside its replay, which ended the training there: no error
+    raised); its step function reads its step itself (a replay at the loop's end runs it alone).
+    The graph loop feeds NaN from its 6th run on: replayed too, so the give-up comes however it ends."""
     import numpy as np
 
     seen: dict = {"runs": 0}
@@ -724,14 +727,14 @@ def _a_loop_whose_loss_stays_nan(tf, module, eager: bool, checkpoint_dir: str) -
             x = {"value": 1.0}
 
             def step():  # type: ignore[no-untyped-def]
+                x["value"] = float("nan") if int(module.get_global_step().numpy()) >= 5 else 1.0
                 w.assign_add(0.1 * x["value"])
                 return w * x["value"]
 
             with module.MonitoredTrainingSession(hooks=[module.NanTensorHook(None)], checkpoint_dir=checkpoint_dir,
                                                  checkpoint={"w": w}, save_checkpoint_steps=2,
                                                  log_step_count_steps=None) as sess:
-                while not sess.should_stop() and seen["runs"] < 200:
-                    x["value"] = float("nan") if int(module.get_global_step().numpy()) >= 5 else 1.0
+                while not sess.should_stop() and int(module.get_global_step().numpy()) < 30:
                     sess.run(step)
                     seen["runs"] += 1
         else:

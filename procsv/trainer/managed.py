@@ -190,15 +190,16 @@ class ManagedSession:
                 return None
         return out
 
-    def replay_last(self) -> Optional[Callable[[], None]]:
+    def replay_last(self) -> Optional[Callable[[], bool]]:
         """One more run of the last step function, for a rollback after the loop ended (None: it
         took its input as arguments, which procsv cannot make for another step)."""
         fn = self.last_replayable
         if fn is None:
             return None
 
-        def again() -> None:
+        def again() -> bool:
             self.run(fn)
+            return True
         return again
 
     def evaluate(self, fetches: Any) -> Any:

@@ -442,9 +442,12 @@ class Supervisor(SupervisorNames):
                     self._outcome.keep()
 
     def settle_at_end(self) -> None:
-        """The loop ended on its own: an unchecked non-finite loss is rolled back and replayed now."""
-        if self._graph is None and isinstance(self._session, ManagedSession) and self.is_chief:
-            self._rollback.settle_at_end(self._session.replay_last())
+        """The loop ended on its own: a rollback's replay it ended inside is finished, and an unchecked
+        non-finite loss is rolled back and replayed now (a graph program's: the steps lost are said)."""
+        if self.is_chief:
+            session = self._session
+            self._rollback.settle_at_end(session.replay_last() if self._graph is None
+                                         and isinstance(session, ManagedSession) else None)
 
     def outcome(self) -> outcome.Outcome:
         """What this Supervisor achieved so far (the trainer's bootstrap reads it at exit)."""

@@ -133,6 +133,15 @@ class RollbackPort:
         """Stop in order with exit code 4 (:class:`~procsv.common.errors.TrainingDiverged`), ``why`` named."""
         self._rollback.stop_diverged(NonFiniteState(step, bad), why, False)
 
+    def settle_at_end(self, replay: Optional[Callable[[], bool]]) -> None:
+        """The front-end's loop ended on its own: the rollback finishes a replay the loop ended inside and
+        rolls back an unchecked non-finite loss, with ``replay`` (one more run of the loop's last step; False:
+        no more runs; None: none can be made, the steps lost are said), where this trainer checks the losses
+        it keeps (:meth:`NonfiniteRollback.settle_at_end`; raises
+        :class:`~procsv.common.errors.TrainingDiverged` where it gives up)."""
+        if self._rollback.checks_losses:
+            self._rollback.settle_at_end(replay)
+
     def keep_loss(self, value: Any) -> None:
         """Keep ``value`` (a device scalar or tensor) as a loss of the step that just ran (nothing when
         no loss is watched: detection is off)."""

@@ -197,6 +197,8 @@ class GraphMonitoredSession:
         recorded failure is raised after the stop, over what the block or ``end()`` raised."""
         sv = self._creator.supervisor
         if exc is None and sv.coord.procsv_failure is None and self._raw is not None:
+            if not sv.should_stop():  # a rollback's replay the loop ended inside: the steps lost, said
+                sv.front_end.rollback.settle_at_end(None)
             try:
                 for h in self._hooks:
                     h.end(self._raw)

@@ -279,8 +279,10 @@ class _MonitoredSession:
                     h.end(None)
             finally:
                 raise RuntimeError("Session is already closed.")  # noqa: B012 (TF's: it replaces what end() raised)
-        self._closed = True
         sv = self._sv
+        settled = self._settle() if exc is None and sv.coord.procsv_failure is None else None
+        self._closed = True
+        exc = exc or settled  # (the rollback gave up at the loop's end: as a NaN run's error in the block)
         if exc is None and sv.coord.procsv_failure is None:
             try:
                 for h in self._hooks:
@@ -296,6 +298,35 @@ class _MonitoredSession:
         stop_quietly(sv)
         if sv.coord.exception is not None and sv.coord.exception is not exc:
             raise sv.coord.exception
+        if settled is not None:
+            raise settled
+
+    def _settle(self) -> Optional[BaseException]:
+        """The ``with`` block ended cleanly: unless a stop was asked of the Supervisor (a signal, a failure),
+        the rollback finishes a replay the loop ended inside, up to the step reached before its restore,
+        and rolls back a non-finite loss still unchecked (:meth:`~procsv.trainer.frontend.port.RollbackPort.settle_at_end`),
+        replaying with this session's runs of the loop's last step function (the hooks around each; none
+        once a hook asked for a stop, or the input ran out). Returns what ended it in error (its give-up:
+        the program's ``NanTensorHook``'s error, or exit 4), for the close to end the session with."""
+        sv = self._sv
+        if sv.should_stop():
+            return None
+        fn = getattr(sv.front_end.session, "last_replayable", None)
+
+        def again() -> bool:
+            if self._stop_requested:
+                return False
+            try:
+                self.run(fn)
+            except clean_stop_types():  # the input ran out (OutOfRangeError), a step function's StopIteration
+                return False
+            return True
+
+        try:
+            sv.front_end.rollback.settle_at_end(again if fn is not None else None)
+        except BaseException as err:
+            return err
+        return None
 
 
 class MonitoredSession(_MonitoredSession):

@@ -132,6 +132,7 @@ class NonfiniteRollback:
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged, self.refused)
         self._program_stopped = ""  # how the program's NanTensorHook ended the training on a NaN ("": it did not)
+        self._reached = -1  # the furthest step a restore of this session undid: the loop had trained to it
         # the program's NanTensorHook(fail_on_nan_loss=True) watches the loss: raises its error (None: none does)
         self._program_fails: Optional[Callable[[str], None]] = None
         self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
@@ -181,6 +182,7 @@ class NonfiniteRollback:
         """A session is prepared: its notices go through ``channels``."""
         self._channels = channels
         self._program_stopped, self._program_fails = "", None
+        self._reached = -1
 
     def detach(self) -> None:
         self._channels = None
@@ -446,6 +448,7 @@ class NonfiniteRollback:
         elif getattr(step, "forget", None) is not None:  # a graph program's global step: its last observed value is undone
             step.forget()
         self._counter.pending = 0  # the variable holds the restored step
+        self._reached = max(self._reached, self._state.step)
         self._state.step = restored
         self.watch.losses.forget()
         if self.watch.spikes is not None:
@@ -552,25 +555,34 @@ class NonfiniteRollback:
             return True
         return False
 
-    def settle_at_end(self, replay: Optional[Callable[[], None]]) -> None:
-        """The loop ended on its own at the current step E, before the final checkpoint: under
-        ``rollback``, the losses kept since the last check are checked (one read) and a non-finite
-        one at step B is rolled back, replayed and retried or skipped like any other, by ``replay``
-        (one more run of the loop's last step function, which reads its step itself) until the step
-        is E again. ``replay`` None (the last step function was handed its input as arguments):
-        nothing is checked here, and the final checkpoint's check stops the run with exit code 4 as
-        ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged` where a rollback
-        cannot be (the skip bound, ...)."""
+    def settle_at_end(self, replay: Optional[Callable[[], bool]]) -> None:
+        """The loop ended on its own at the current step E, before the final checkpoint: under ``rollback``,
+        the training is finished as if the loop had run on. A rollback's replay the loop ended inside (E
+        before the furthest step D a restore undid: a loop bounded by its own count of runs) is replayed
+        on to D by ``replay`` (one more run of the loop's last step function, which reads its step itself;
+        False: the program's own hook asked for no more runs), the pending retry judged and its step
+        skipped or given up on the way, as at any boundary. Then the losses kept since the last check are
+        checked (one read) and a non-finite one at step B is rolled back, replayed and retried or skipped
+        like any other, until the step is E (or D) again. ``replay`` None (the last step function was
+        handed its input as arguments; a TF1 graph program's loop feeds its own): nothing is replayed or
+        checked here; a replay the loop ended inside is said in one line naming the steps lost (no
+        checkpoint older than the newest committed one is committed:
+        :meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.final`), and the final checkpoint's check
+        stops the run with exit code 4 as ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged`
+        where a rollback cannot be (the skip bound, ...; the program's ``NanTensorHook``'s error)."""
         watch = self.watch
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or replay is None or watch.group_refusal:
+            self._say_lost()
             return
-        end = self._state.step
+        end = max(self._state.step, self._reached)
         while True:
             if self._walk.work():  # the retry's judgement or a skip, due at this step
                 continue
             if self._state.step < end:
-                replay()
-                continue
+                if replay():
+                    continue
+                self._say_lost()
+                return
             bad = watch.losses.check()
             if bad is None:
                 if self.spikes_refused(end):  # the spikes among them (--on-spike): rolled back like any other, or a stop
@@ -582,3 +594,15 @@ class NonfiniteRollback:
             if why:
                 self.stop_diverged(NonFiniteState(end, bad), why, False)
                 return
+
+    def _say_lost(self) -> None:
+        """The loop ended inside a rollback's replay, which is not finished here: one line naming the steps lost."""
+        step, reached, pending = self._state.step, self._reached, self.watch.retry.target
+        if reached <= step:
+            return
+        lost = f"step {reached}" if reached == step + 1 else f"steps {step + 1}-{reached}"
+        retry = (f"; step {pending} is neither retried nor skipped" if pending is not None and pending > step else "")
+        print(f"procsv: the training loop ended at step {step}, inside the replay after a non-finite rollback: {lost}, "
+              f"trained before the rollback, are lost{retry} (procsv cannot replay them without the program's loop); "
+              f"the final checkpoint is of step {step}, and none older than the newest committed one is committed",
+              file=sys.stderr, flush=True)
