@@ -306,7 +306,8 @@ class _MonitoredSession:
         the rollback finishes a replay the loop ended inside, up to the step reached before its restore,
         and rolls back a non-finite loss still unchecked (:meth:`~procsv.trainer.frontend.port.RollbackPort.settle_at_end`),
         replaying with this session's runs of the loop's last step function (the hooks around each; none
-        once a hook asked for a stop, or the input ran out). Returns what ended it in error (its give-up:
+        once a hook asked for a stop during the replay, or the input ran out; a stop asked before it, at a
+        step the rollback undid, is asked again by the replay's runs). Returns what ended it in error (its give-up:
         the program's ``NanTensorHook``'s error, or exit 4), for the close to end the session with."""
         sv = self._sv
         if sv.should_stop():
@@ -322,10 +323,15 @@ class _MonitoredSession:
                 return False
             return True
 
+        # a stop a hook asked for at a step the rollback undoes (StopAtStepHook at its last step, a NaN found
+        # there): the replay's runs ask for it again when they reach that step
+        asked, self._stop_requested = self._stop_requested, False
         try:
             sv.front_end.rollback.settle_at_end(again if fn is not None else None)
         except BaseException as err:
             return err
+        finally:
+            self._stop_requested = self._stop_requested or asked
         return None
 
 
