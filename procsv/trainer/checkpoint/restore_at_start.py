@@ -262,14 +262,20 @@ def unassigned(status: Any) -> list[str]:
     restoration); a Keras 3 layer built after the restore escapes it (its ``Dense`` kernel is created and
     tracked again and keeps its initial value: TF's checkpoint guide's program, restored by
     ``tf.train.CheckpointManager`` too, resumes with a fresh kernel). TF's own check of the objects that
-    exist (``assert_existing_objects_matched``) names them."""
+    exist (``assert_existing_objects_matched``) names them. Variables the checkpoint holds no value for
+    (its other finding, "Python objects that were not bound to checkpointed values": a checkpoint
+    committed before the program first built them, as a preemption before the first step commits
+    step 0) are not the restore's miss: they start from their initial values as in any run."""
     import re
 
     try:
         status.assert_existing_objects_matched()
     except AssertionError as exc:
-        keys = re.findall(r'checkpoint_key: "([^"]+)"', str(exc))
-        return keys or [str(exc).splitlines()[0]]
+        said = str(exc)
+        keys = re.findall(r'checkpoint_key: "([^"]+)"', said)
+        if keys or "not bound to checkpointed values" in said:
+            return keys
+        return [said.splitlines()[0]]
     return []
 
 
