@@ -83,10 +83,12 @@ class CheckpointKeeper:
         if missed:
             names = ", ".join(k.split("/.ATTRIBUTES")[0] for k in missed[:4]) + (", ..." if len(missed) > 4 else "")
             print(f"procsv: the restore of {os.path.basename(path)} did not reach {len(missed)} variable(s) the "
-                  f"program created after it ({names}): they keep their initial values, so this run goes on from "
-                  "them, not from the checkpoint (TensorFlow's own restore does the same: a Keras 3 layer built "
-                  "after a restore is not restored); build the model before managed_session() (model.build(...) "
-                  "or one call on a batch) to resume it whole", file=sys.stderr, flush=True)
+                  f"program created after it ({names}): they keep their initial values, and an optimizer's state "
+                  "built after it may be matched to the wrong variables too (Keras 3 numbers them), so this run "
+                  "goes on from them, not from the checkpoint (TensorFlow's own restore does the same: a Keras 3 "
+                  "layer built after a restore is not restored); build the model and its optimizer before "
+                  "managed_session() (model.build(...) or one call on a batch, optimizer.build(model.trainable_variables)) "
+                  "to resume it whole", file=sys.stderr, flush=True)
 
     @property
     def restored_from(self) -> Optional[str]:
