@@ -65,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--on-spike", choices=["rollback", "stop", "warn", "off"], default=None,
                     help="when a step's loss spikes (finite, far above the losses before it): say so (warn), also "
                          "restore the newest snapshot before its onset and skip the steps from its onset to its "
-                         "detection (rollback: a single trainer's eager loop or Keras fit), stop in order and exit 4 (stop), or "
+                         "detection (rollback: an eager loop or Keras fit; a --nproc group is restarted, every member skipping "
+                         "them), stop in order and exit 4 (stop), or "
                          "do not look (off) (default: the Supervisor's on_spike, else warn)")
     la.add_argument("--max-skips", type=int, default=3, metavar="K",
                     help="with --on-nonfinite or --on-spike rollback: more than K skipped steps within --skip-window "

@@ -100,6 +100,14 @@ def test_a_groups_chief_that_asks_its_groups_rollback_past_a_loss_spike_has_it_s
     assert len(restarts) == 1 and restarts[0].skip == 68 and restarts[0].delay == 0.0, restarts
     assert sim.view.skipped_steps == [68, 69, 70] and sim.view.rollbacks == 1 and sim.view.history.restarts == 0
     assert sim.view.rollback_before is not None and sim.view.rollback_before[0] == 68  # restored before the onset
+    # procsv report's cause column names the spike (before: "(non-finite loss)", as a NaN's rollback)
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready(50)
+    sim.group_progress(51)
+    summary = recovery.summarize(sim.view.attempts)
+    assert [(r["rollback_step"], r["spike"]) for r in summary["recoveries"]] == [(68, True)], summary
+    assert "group rollback: step 68 skipped (a loss spike, its onset)" in recovery.render(
+        {**summary, "goodput": None, "wall_s": 1.0}), summary
 
 
 def test_a_single_trainers_spike_rolled_back_in_place_names_no_step_for_a_groups_rollback():

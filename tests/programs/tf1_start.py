@@ -10,7 +10,8 @@ and the checkpoint prefixes the logdir holds.
 training steps, then its validation (runs of the cost, which advance no step) for 0.8 s, with summaries
 every 0.1 s and checkpoints every 0.3 s: the values of ``cost`` and ``global_step/sec`` logged at step 3,
 where the step stood, and the newest checkpoint in the logdir as the validation ended (it runs on until
-that is step 3's, for at most ``WAIT`` s).
+that is step 3's, for at most ``WAIT`` s); then the same under a MonitoredTrainingSession with a
+StopAtStepHook (whose step read is in every run's fetches), in ``LOGDIR/monitored``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,35 @@ def case_validation() -> dict[str, object]:
     at3 = [s for s in summaries(LOGDIR) if s[0] == 3]
     out: dict[str, object] = {tag: [s[2] for s in at3 if s[1] == tag] for tag in ("cost", "global_step/sec")}
     out["saved_during_validation"] = during
+    out["monitored_saved_during_validation"] = monitored_validation(os.path.join(LOGDIR, "monitored"))
     return out
+
+
+def monitored_validation(logdir: str) -> str:
+    """The validation's shape under a MonitoredTrainingSession whose StopAtStepHook reads the global step at
+    every run (TF's, or procsv.train's): three steps, then runs of the cost until the CheckpointSaverHook's
+    periodic checkpoint of step 3 is in ``logdir`` (bounded); its newest checkpoint then."""
+    session = tf.compat.v1.train.MonitoredTrainingSession
+    if "--tf" not in sys.argv:
+        import procsv.train
+
+        session = procsv.train.MonitoredTrainingSession
+    with tf.Graph().as_default():
+        w = tf.compat.v1.Variable(1.0, name="w")
+        step = tf.compat.v1.train.get_or_create_global_step()
+        cost = tf.square(w - 0.25)
+        train = tf.group(w.assign(w * 0.5 + 0.25), step.assign_add(1))
+        with session(checkpoint_dir=logdir, save_checkpoint_secs=0.3, save_summaries_steps=None,
+                     save_summaries_secs=None, log_step_count_steps=None,
+                     hooks=[tf.compat.v1.train.StopAtStepHook(last_step=100)]) as sess:
+            for _ in range(3):
+                sess.run(train)
+            bound = time.monotonic() + WAIT
+            while os.path.basename(tf.train.latest_checkpoint(logdir) or "") != "model.ckpt-3" \
+                    and time.monotonic() < bound:
+                sess.run(cost)
+                time.sleep(0.005)
+            return os.path.basename(tf.train.latest_checkpoint(logdir) or "")
 
 
 if __name__ == "__main__":

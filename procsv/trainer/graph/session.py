@@ -145,6 +145,11 @@ class GraphSession:
         self._unread = 0
         if step != state.step:
             self._stepped(state, step, feed_dict, fetches, out, plan)
+        else:  # a run that read the step and left it (an evaluation beside a hook's step read): as one without a read
+            now = state.clock()
+            if now >= state.at or now >= state.between_at:
+                with self._lock:
+                    state.between_steps()
         return out
 
     def _plan(self, fetches: Any, feed_dict: Any, key: Any) -> RunPlan:

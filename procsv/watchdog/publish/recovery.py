@@ -49,6 +49,8 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
             "attempt": cur.attempt,
             "cause": cause(prev),
             "rollback_step": prev.group_rollback,
+            # the chief asked for that rollback past a loss spike's onset (not a non-finite loss)
+            "spike": prev.group_rollback is not None and prev.last_report == ("spike", prev.group_rollback),
             "regroup": prev.regroup,
             "detect_s": _d(prev.signalled_at, prev.ended_at),
             "respawn_s": _d(prev.ended_at, cur.started),
@@ -95,6 +97,8 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def _cause(rec: dict[str, Any]) -> str:
-    """A recovery's cause column: a group's rollback says so (its exit 5 is no failure)."""
+    """A recovery's cause column: a group's rollback says so (its exit 5 is no failure), and why."""
     step = rec.get("rollback_step")
-    return str(rec["cause"]) if step is None else f"group rollback: step {step} skipped (non-finite loss)"
+    if step is None:
+        return str(rec["cause"])
+    return f"group rollback: step {step} skipped ({'a loss spike, its onset' if rec.get('spike') else 'non-finite loss'})"
