@@ -53,6 +53,11 @@ class Progress(Message):
     ``final_checkpoint``): the watchdog then measures the trainer against the longer busy limit
     (hang timeout + stop grace) until a Progress without it.
     ``Busy.NONE`` (the default) is the empty string, so ``bool(busy)`` is False when not busy.
+    ``stepped``: the trainer's session has completed a step. A report before that (around the
+    start-up checkpoint's snapshot that a TF1 Supervisor's standard services take as the session
+    becomes ready, at a stop before any step) says False: the watchdog's first step is the first
+    Progress that is stepped and not busy, and until then ``--startup-timeout`` applies. False by
+    default: a sender that does not say it made no step.
     """
 
     KIND: ClassVar[str] = "progress"
@@ -60,6 +65,7 @@ class Progress(Message):
     step: int
     wall_time: float
     busy: Busy = Busy.NONE
+    stepped: bool = False
 
 
 @dataclass(frozen=True)

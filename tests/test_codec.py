@@ -38,6 +38,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ),
     ("progress", m.Progress(pid=4242, step=981, wall_time=1_700_000_123.456), []),
     ("progress-busy", m.Progress(pid=4242, step=981, wall_time=1_700_000_123.456, busy=m.Busy.FINAL_CHECKPOINT), []),
+    ("progress-stepped", m.Progress(pid=4242, step=982, wall_time=1_700_000_123.5, stepped=True), []),
     (
         "setup-timed",
         m.CheckpointSetup(
@@ -286,6 +287,7 @@ def test_float_field_accepts_json_integer_and_yields_float():
         ("summary_batch", {"protos": []}, "dropped", 0),
         ("summary_batch", {}, "protos", []),
         ("progress", {"pid": 1, "step": 2, "wall_time": 3.0}, "busy", m.Busy.NONE),
+        ("progress", {"pid": 1, "step": 2, "wall_time": 3.0}, "stepped", False),
         ("session_log", {"status": "stop", "step": 9}, "checkpoint_path", ""),
     ],
 )

@@ -19,13 +19,15 @@ def test_a_program_training_from_threads_is_seen_stepping_and_its_final_checkpoi
     thread waits in ``coord.join``: the watchdog sees the first step and steady progress (one trainer,
     never restarted as hung), its finished step is the program's final global step, and the final
     checkpoint is that step (before: no step was seen at all, the trainer finished "at step 0" and
-    no checkpoint held the trained state)."""
+    no checkpoint held the trained state). The first step is a completed one: the Supervisor's start-up
+    checkpoint of step 0 before any run is not (it was, and --startup-timeout ended at session ready)."""
     code, out, err = finish(launch(logdir, "600", target=PROGRAM, opts=("--hang-timeout", "3")), timeout=300)
     assert code == 0, err[-3000:]
     final = int(next(line for line in out.splitlines() if "final global step" in line).split()[-1])
     assert final >= 600
     events = lifecycle(logdir)
-    assert [e for e in events if e["event"] == "first_step"]
+    firsts = [e for e in events if e["event"] == "first_step"]
+    assert len(firsts) == 1 and firsts[0]["step"] >= 1, firsts  # a completed step's (not the start-up snapshot's)
     assert len([e for e in events if e["event"] == "spawned" and e["role"] == "trainer"]) == 1  # never hung
     assert [e["step"] for e in events if e["event"] == "finished"] == [final]
     assert committed_steps(logdir)[-1] == final

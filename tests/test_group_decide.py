@@ -47,7 +47,7 @@ class GroupSim(Sim):
 
     def group_progress(self, step: int, slots: tuple[str, ...] = ()) -> None:
         for slot in slots or [TRAINER] + [worker_slot(r) for r in range(1, self.limits.nproc)]:
-            observe.heard(self.view, Progress(self.member(slot).pid, step, 0.0, ""), self.now)
+            observe.heard(self.view, Progress(self.member(slot).pid, step, 0.0, "", True), self.now)
 
     def reaps(self, slot: str, code: int, error: str = "") -> None:
         c = self.member(slot)

@@ -50,8 +50,8 @@ def group_view(nodes: int) -> RunView:
     else:
         observe.spawned(view, "worker1", WORKER, 1, 202, 1.5, "zygote")
     view.restart_at = None
-    observe.heard(view, Progress(101, 40, 0.0), 3.0)
-    observe.heard(view, Progress(202, 39, 0.0), 3.0, slot="worker1" if nodes > 1 else None)
+    observe.heard(view, Progress(101, 40, 0.0, stepped=True), 3.0)
+    observe.heard(view, Progress(202, 39, 0.0, stepped=True), 3.0, slot="worker1" if nodes > 1 else None)
     return view
 
 
@@ -203,7 +203,7 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
         sent = [notices.detected(25, "the loss of step 25 is NaN or infinite"),
                 notices.rolled_back(25, 20, RestoreSource.MEMORY, "/dev/shm/arena#slot1", True, 0.02),
                 notices.skipped(25, 1),
-                Progress(os.getpid(), 26, time.time())]
+                Progress(os.getpid(), 26, time.time(), stepped=True)]
         for msg in sent:
             assert send(member, msg)
         heard: list[tuple[int, Any, list[Any]]] = []

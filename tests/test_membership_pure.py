@@ -97,8 +97,8 @@ def running_group(lim: Limits, nodes: tuple[int, ...], now: float) -> RunView:
     for rank, node in enumerate(nodes[1:], start=1):
         observe.spawned(view, f"worker{rank}", WORKER, 1, 200 + rank, now, f"node{node}")
         view.children[f"worker{rank}"].node = node
-        observe.heard(view, Progress(200 + rank, 5, 0.0), now + 1.0, slot=f"worker{rank}")
-    observe.heard(view, Progress(101, 5, 0.0), now + 1.0)
+        observe.heard(view, Progress(200 + rank, 5, 0.0, stepped=True), now + 1.0, slot=f"worker{rank}")
+    observe.heard(view, Progress(101, 5, 0.0, stepped=True), now + 1.0)
     return view
 
 

@@ -20,7 +20,7 @@ from conftest import (CLEAN_ARGS, committed_steps, final_weights, finish, launch
                       wait_role_pid)
 from procsv.common.layout import Layout
 from procsv.common.snapshot_memory import SLOT_COMPLETE, SLOT_WRITING
-from procsv.ipc.messages import SaveData, SaveReason, SaveResult, SnapshotHeld
+from procsv.ipc.messages import Busy, Progress, SaveData, SaveReason, SaveResult, SnapshotHeld
 from procsv.services.checkpoint.arena import ArenaView
 from procsv.services.checkpoint.memory import persist_decision
 from procsv.trainer.checkpoint import memory_tier
@@ -243,6 +243,39 @@ def test_a_step_trigger_during_a_snapshot_that_has_committed_saves_at_the_trigge
     assert agent.in_flight == 3
     assert agent.poll(ch, 5, svc.t)  # the trigger reads: committed, so step 5 is saved now
     assert agent.in_flight is None and agent.last_committed == 3
+
+
+class _Told(_Committing):
+    """A service that commits every snapshot, with the trainer's Progress reports kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[Progress] = []
+
+    def to_watchdog(self, msg: object) -> None:
+        self.told.append(cast(Progress, msg))
+
+
+def test_the_progress_around_a_snapshot_before_the_sessions_first_step_says_no_step_was_completed(tmp_path):
+    """The start-up checkpoint a TF1 Supervisor takes as its session becomes ready comes before any
+    step: its reports (busy, then not) say ``stepped`` False, which the watchdog does not take for the
+    first step; once the step boundary's hook says the session stepped, a snapshot's reports say True."""
+    import tensorflow as tf
+
+    step_var = tf.Variable(0, dtype=tf.int64)
+    ckpt = tf.train.Checkpoint(step=step_var)
+    svc = _Told()
+    agent = _agent(tmp_path, ckpt, step_var, svc, save_checkpoint_steps=None, memory_budget=0.0)
+    ch = cast(TrainerChannels, svc)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 0, svc.t) and agent.snapshot(ch, 0)  # the checkpoint at session creation
+    assert [(p.busy, p.stepped) for p in svc.told] == [(Busy.SNAPSHOT, False), (Busy.NONE, False)]
+    agent.hooks.stepped = lambda: True  # (the step boundary's: its first step was reported)
+    svc.t += 1.0
+    agent.poll(ch, 1, svc.t)
+    agent.request(SaveReason.PERIODIC)
+    assert agent.poll(ch, 1, svc.t) and agent.snapshot(ch, 1)
+    assert [(p.busy, p.stepped) for p in svc.told[2:]] == [(Busy.SNAPSHOT, True), (Busy.NONE, True)]
 
 
 def test_a_snapshot_after_the_optimizer_built_its_variables_holds_them(tmp_path):

@@ -112,7 +112,7 @@ class PsSim(Sim):
         c = self.view.children[slot]
         if c.ready_at is None:
             observe.heard(self.view, TrainerReady(c.pid, c.attempt, 0, None, 0.1, [], None, None), self.now)
-        observe.heard(self.view, Progress(c.pid, step, 0.0, ""), self.now)
+        observe.heard(self.view, Progress(c.pid, step, 0.0, "", True), self.now)
 
 
 def ps_launch(max_restarts: int = 10, worker_give_up: str = "continue") -> PsSim:

@@ -18,6 +18,7 @@ from procsv.ipc.messages import (Hello, NonfiniteDetected, Progress, SaveOverdue
                                  TrainerReady)
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
                                      RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopFailing)
 from procsv.watchdog.rules.chaos import parse_chaos
@@ -84,8 +85,9 @@ class Sim:
         observe.heard(self.view, TrainerReady(t.pid, t.attempt, step, "ckpt" if step else None, 0.1, [],
                                               save_secs, save_steps), self.now)
 
-    def progress(self, step: int, busy: str = "") -> None:
-        observe.heard(self.view, Progress(self.trainer.pid, step, 0.0, busy), self.now)
+    def progress(self, step: int, busy: str = "", stepped: bool = True) -> list[Report]:
+        """A Progress of ``step`` (``stepped``: its session completed a step; False before any)."""
+        return observe.heard(self.view, Progress(self.trainer.pid, step, 0.0, busy, stepped), self.now)
 
     def commit(self, step: int) -> None:
         observe.heard(self.view, SaveResult(step, "periodic", True, f"model.ckpt-{step}", None, 0.1), self.now)
@@ -462,6 +464,29 @@ def test_no_first_step_within_the_startup_timeout_is_a_hang():
     assert sim.tick(59.0) == []
     (sig,) = sim.tick(2.0)
     assert sig.cause == Cause.HANG and "--startup-timeout 60" in sig.reason
+
+
+def test_the_start_up_snapshot_before_any_step_is_no_first_step_and_the_startup_timeout_still_applies():
+    """A TF1 Supervisor's standard services save once as the session becomes ready: the snapshot's
+    Progress (busy, then not busy) comes before any step. It is no ``first_step`` (before: it was, at
+    step 0, and a slow first run was judged by --hang-timeout from there); the first completed step is,
+    with its own step and time, and only then does --hang-timeout apply."""
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0, busy_timeout=20.0)))
+    assert of(sim.tick(), Spawn)
+    sim.ready(step=0)
+    assert sim.progress(0, busy="snapshot", stepped=False) == []
+    sim.tick(1.0)
+    assert sim.progress(0, stepped=False) == []  # the snapshot is sent: not busy, still no step
+    assert sim.trainer.first_step_at is None and sim.trainer.last_work_at is None
+    assert sim.tick(30.0) == []  # a first run slower than --hang-timeout: still starting up
+    assert sim.tick(27.0) == []
+    records = sim.progress(1)
+    assert [(r.event, r.fields["step"], r.fields["secs_since_spawn"]) for r in records] == \
+        [(Event.FIRST_STEP, 1, 58.0)]
+    assert sim.trainer.first_step_at == 58.0 and sim.trainer.work_step == 1
+    assert sim.tick(9.0) == []
+    (sig,) = sim.tick(2.0)
+    assert sig.cause == Cause.HANG and "--hang-timeout 10" in sig.reason
 
 
 def test_a_service_crash_loop_gives_up_and_stops_the_run_in_order():

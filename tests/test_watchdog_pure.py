@@ -17,37 +17,47 @@ LIMITS = HangLimits(hang_timeout=10.0, startup_timeout=60.0)
 
 
 def test_no_first_step_is_judged_by_the_startup_timeout():
-    assert hang_reason(59.0, started=0.0, last_progress=None, busy="", limits=LIMITS) is None
-    reason = hang_reason(61.0, started=0.0, last_progress=None, busy="", limits=LIMITS)
+    assert hang_reason(59.0, started=0.0, last_progress=None, busy="", stepped=False, limits=LIMITS) is None
+    reason = hang_reason(61.0, started=0.0, last_progress=None, busy="", stepped=False, limits=LIMITS)
     assert reason and "--startup-timeout 60" in reason
 
 
 def test_after_the_first_step_the_hang_timeout_applies():
-    assert hang_reason(109.0, started=0.0, last_progress=100.0, busy="", limits=LIMITS) is None
-    reason = hang_reason(110.5, started=0.0, last_progress=100.0, busy="", limits=LIMITS)
+    assert hang_reason(109.0, started=0.0, last_progress=100.0, busy="", stepped=True, limits=LIMITS) is None
+    reason = hang_reason(110.5, started=0.0, last_progress=100.0, busy="", stepped=True, limits=LIMITS)
     assert reason and "10.5 s" in reason and "--hang-timeout 10" in reason
 
 
+def test_a_report_before_the_first_step_leaves_the_startup_timeout_on_from_the_start():
+    # a TF1 Supervisor's start-up checkpoint at session ready: a snapshot (busy), then a report not busy,
+    # before any step: the first run (a long trace, an evaluation) still has --startup-timeout from the start
+    busy = HangLimits(hang_timeout=10.0, startup_timeout=60.0, busy_timeout=20.0)
+    assert hang_reason(15.0, started=0.0, last_progress=2.0, busy="snapshot", stepped=False, limits=busy) is None
+    assert hang_reason(59.0, started=0.0, last_progress=2.5, busy="", stepped=False, limits=busy) is None
+    reason = hang_reason(61.0, started=0.0, last_progress=2.5, busy="", stepped=False, limits=busy)
+    assert reason and "--startup-timeout 60" in reason
+
+
 def test_a_busy_trainer_is_judged_by_the_busy_limit_only():
-    assert hang_reason(1e6, started=0.0, last_progress=1.0, busy="final_checkpoint", limits=LIMITS) is None
+    assert hang_reason(1e6, started=0.0, last_progress=1.0, busy="final_checkpoint", stepped=True, limits=LIMITS) is None
     busy = HangLimits(hang_timeout=10.0, startup_timeout=60.0, busy_timeout=100.0)
-    assert hang_reason(100.5, started=0.0, last_progress=1.0, busy="snapshot", limits=busy) is None
-    reason = hang_reason(101.5, started=0.0, last_progress=1.0, busy="snapshot", limits=busy)
+    assert hang_reason(100.5, started=0.0, last_progress=1.0, busy="snapshot", stepped=True, limits=busy) is None
+    reason = hang_reason(101.5, started=0.0, last_progress=1.0, busy="snapshot", stepped=True, limits=busy)
     assert reason and "busy with snapshot for 100.5 s" in reason
 
 
 def test_a_trainer_reading_its_input_again_gets_the_startup_timeout_from_each_report():
     # a resumed Keras fit drawing earlier epochs, long after its start: not hung while it reports
     busy = HangLimits(hang_timeout=10.0, startup_timeout=60.0, busy_timeout=20.0)
-    assert hang_reason(5000.0, started=0.0, last_progress=4950.0, busy="input", limits=busy) is None
-    reason = hang_reason(5011.0, started=0.0, last_progress=4950.0, busy="input", limits=busy)
+    assert hang_reason(5000.0, started=0.0, last_progress=4950.0, busy="input", stepped=False, limits=busy) is None
+    reason = hang_reason(5011.0, started=0.0, last_progress=4950.0, busy="input", stepped=False, limits=busy)
     assert reason and "putting back fit's input for 61.0 s" in reason and "--startup-timeout 60" in reason
 
 
 @pytest.mark.parametrize("limits", [HangLimits(None, None), HangLimits(0, 0)])
 def test_zero_or_none_turns_detection_off(limits):
-    assert hang_reason(1e9, started=0.0, last_progress=None, busy="", limits=limits) is None
-    assert hang_reason(1e9, started=0.0, last_progress=1.0, busy="", limits=limits) is None
+    assert hang_reason(1e9, started=0.0, last_progress=None, busy="", stepped=False, limits=limits) is None
+    assert hang_reason(1e9, started=0.0, last_progress=1.0, busy="", stepped=True, limits=limits) is None
 
 
 def test_chaos_every_is_a_fixed_delay_and_defaults_to_sigkill_of_the_trainer():

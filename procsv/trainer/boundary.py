@@ -70,8 +70,12 @@ class StepBoundary:
             keeper.configure(self._wake_on_request)
 
     def _wake_on_request(self, agent: Any) -> None:
-        agent.hooks.wake = self.save_requested
+        agent.hooks.claim(self.save_requested, self._stepped)
         agent.changes = self.state  # (its ``changed``: runs trained without advancing the step)
+
+    def _stepped(self) -> bool:
+        """Whether the session completed a step (its first step's report went)."""
+        return self.progress.first_done
 
     # ----------------------------------------------------------------- the session
     def attach(self, channels: TrainerChannels) -> None:
@@ -226,9 +230,11 @@ class StepBoundary:
     # ----------------------------------------------------------------- on demand
     def report_busy(self, busy: Busy) -> None:
         """Tell the watchdog the step reached and what the trainer is busy with on purpose (``Busy.NONE``:
-        nothing); the watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
+        nothing), and whether the session completed a step yet (a stop before any: not its first step); the
+        watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
         if self._channels is not None:
-            self._channels.to_watchdog(Progress(os.getpid(), self.state.step, time.time(), busy))
+            self._channels.to_watchdog(Progress(os.getpid(), self.state.step, time.time(), busy,
+                                                self.progress.first_done))
 
     def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
         """``Supervisor.commit_checkpoint``: commit a checkpoint of the last completed step now, waiting

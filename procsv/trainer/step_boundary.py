@@ -200,4 +200,4 @@ class ProgressReporter:
         if not self.first_done or now + slack - self.last >= PROGRESS_EVERY:
             self.first_done = True
             self.last = now
-            ch.to_watchdog(Progress(os.getpid(), step, time.time()))
+            ch.to_watchdog(Progress(os.getpid(), step, time.time(), stepped=True))

@@ -124,7 +124,7 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
         return []
     busy = str(_plain(msg.busy))
     out = []
-    if child.first_step_at is None and not busy:
+    if child.first_step_at is None and not busy and msg.stepped:  # (not the start-up snapshot's end: no step yet)
         child.first_step_at = now
         child.first_step_no = msg.step
         if child.role == TRAINER:
@@ -137,7 +137,7 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
         view.step = msg.step
     child.note_busy(busy, now)
     child.last_progress_at = now
-    if not busy:
+    if not busy and child.first_step_at is not None:
         child.last_work_at, child.work_step = now, msg.step
     return out
 

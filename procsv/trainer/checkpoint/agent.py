@@ -91,6 +91,11 @@ def _nothing() -> None:
     """The wake-up of an agent no step boundary has claimed yet."""
 
 
+def _no_step() -> bool:
+    """Whether the session of an agent no step boundary has claimed yet completed a step: it did not."""
+    return False
+
+
 @dataclass
 class SnapshotHooks:
     """What others have the agent call around its snapshots, registered by them: ``prepare``, internal
@@ -100,8 +105,9 @@ class SnapshotHooks:
     (``committed``); the non-finite policy, called with (the refusal, at the final checkpoint) when a
     snapshot's state is not finite (``refused``); the checkpoints' keeper, called with TF's restore
     status after a restore from disk (``restored``: it checks, after the first step, what the restore did
-    not reach); and ``wake``: a save was requested outside the boundary (the step boundary opens its
-    checkpoint half)."""
+    not reach); ``wake``: a save was requested outside the boundary (the step boundary opens its
+    checkpoint half); and ``stepped``: whether the session completed a step yet (the step boundary's
+    progress reports know), said in the Progress around each snapshot."""
 
     prepare: list[Callable[[], None]] = field(default_factory=list)
     before: list[Callable[[int, SaveReason], None]] = field(default_factory=list)
@@ -109,6 +115,11 @@ class SnapshotHooks:
     refused: list[Callable[[NonFiniteState, bool], None]] = field(default_factory=list)
     restored: list[Callable[[str, Any], None]] = field(default_factory=list)
     wake: Callable[[], None] = _nothing
+    stepped: Callable[[], bool] = _no_step
+
+    def claim(self, wake: Callable[[], None], stepped: Callable[[], bool]) -> None:
+        """A step boundary claims the agent: its wake-up, and whether its session completed a step."""
+        self.wake, self.stepped = wake, stepped
 
 
 class CheckpointAgent:
@@ -492,14 +503,15 @@ class CheckpointAgent:
             prepare()
         t0 = ch.clock()
         # the snapshot is work on purpose, not a hang: the watchdog's hang clock pauses meanwhile
-        ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT))
+        stepped = self.hooks.stepped()  # (the start-up snapshot, before any step: not the first step)
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), Busy.SNAPSHOT, stepped))
         stuck_here("snapshot")
         self.checkpoint.save_counter.assign_add(1)
         reuse = self.store.plan_reusable(t0, PLAN_MAX_AGE)
         try:
             snap = self.store.take(step, slot, fresh=not reuse)
         except NonFiniteState:  # refused: nothing is sent, nor retried before the next trigger
-            ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
+            ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after, stepped))
             self.view.served()
             self.memory.skipped(step, ch.clock())
             raise
@@ -512,7 +524,7 @@ class CheckpointAgent:
                                          getattr(self.global_step, "numbered", True), revision,
                                          attempt=self.attempt),
                                 snap.frames if meta is None else [*snap.frames, meta], until)
-        ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after))
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy_after, stepped))
         self.memory.superseded()  # an in-memory snapshot still waiting is older than this one: never send it
         self.memory.disk_taken(step, ch.clock())
         if sent:

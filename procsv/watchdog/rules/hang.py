@@ -7,7 +7,9 @@ the trainer says it is busy on purpose (a snapshot, its final checkpoint) the lo
 ``busy_timeout`` applies instead, so a trainer stuck in a snapshot copy is still caught. A trainer
 that reports, before its first step, that it is reading its input again (``Busy.INPUT``: a resumed
 Keras ``fit`` drawing earlier epochs, which may take longer than any fixed start-up allowance) gets
-``startup_timeout`` from each such report instead of from its start.
+``startup_timeout`` from each such report instead of from its start. A report before the first step
+that is not busy (the end of a TF1 Supervisor's start-up checkpoint, taken as its session becomes
+ready: ``Progress.stepped`` False) leaves ``startup_timeout`` on, from the start.
 
 :func:`hang_actions` is rule 4 of the decision function (:func:`procsv.watchdog.rules.decide.decide`
 composes it): a hung trainer gets SIGTERM, then SIGKILL once its grace (``hang_kill_at``) passed.
@@ -34,11 +36,12 @@ class HangLimits:
     busy_timeout: Optional[float] = None  # while busy on purpose (None or <= 0: no limit)
 
 
-def hang_reason(now: float, *, started: float, last_progress: Optional[float], busy: str,
+def hang_reason(now: float, *, started: float, last_progress: Optional[float], busy: str, stepped: bool,
                 limits: HangLimits) -> Optional[str]:
     """A one-line reason if the trainer is hung at ``now``, else None. ``busy`` names what the
-    trainer said it is busy with since ``last_progress`` ("" if it is not)."""
-    if last_progress is None:
+    trainer said it is busy with since ``last_progress`` ("" if it is not); ``stepped``: its first
+    step was seen (a report before it, the start-up checkpoint's snapshot, leaves the start-up limit on)."""
+    if last_progress is None or (not busy and not stepped):
         limit, secs, why = limits.startup_timeout, now - started, "no first step within --startup-timeout {limit:g} s of its start"
     elif busy == Busy.INPUT:  # still before the first step: its limit, per report
         limit, secs, why = limits.startup_timeout, now - last_progress, \
@@ -59,5 +62,6 @@ def hang_actions(view: RunView, t: ChildView, now: float, limits: HangLimits) ->
         return [Kill(t.slot, t.attempt, Cause.HANG)] if now >= t.hang_kill_at else []
     if t.hang_cause:
         return []
-    reason = hang_reason(now, started=t.started, last_progress=t.last_progress_at, busy=t.busy, limits=limits)
+    reason = hang_reason(now, started=t.started, last_progress=t.last_progress_at, busy=t.busy,
+                         stepped=t.first_step_at is not None, limits=limits)
     return [] if reason is None else [Signal(t.slot, t.attempt, signal.SIGTERM, Cause.HANG, reason)]
