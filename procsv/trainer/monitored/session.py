@@ -306,12 +306,15 @@ class _MonitoredSession:
         the rollback finishes a replay the loop ended inside, up to the step reached before its restore,
         and rolls back a non-finite loss still unchecked (:meth:`~procsv.trainer.frontend.port.RollbackPort.settle_at_end`),
         replaying with this session's runs of the loop's last step function (the hooks around each; none
-        once a hook asked for a stop, or the input ran out). Returns what ended it in error (its give-up:
+        once one of them asked for a stop, or the input ran out). Returns what ended it in error (its give-up:
         the program's ``NanTensorHook``'s error, or exit 4), for the close to end the session with."""
         sv = self._sv
         if sv.should_stop():
             return None
         fn = getattr(sv.front_end.session, "last_replayable", None)
+        # a hook's stop that ended the loop (StopAtStepHook at its last step) is asked again by a replayed run's
+        # hooks once due, not taken as a refusal of the replay before it: the replay ends where the loop did
+        asked, self._stop_requested = self._stop_requested, False
 
         def again() -> bool:
             if self._stop_requested:
@@ -326,6 +329,8 @@ class _MonitoredSession:
             sv.front_end.rollback.settle_at_end(again if fn is not None else None)
         except BaseException as err:
             return err
+        finally:
+            self._stop_requested = self._stop_requested or asked
         return None
 
 
