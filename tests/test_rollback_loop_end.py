@@ -121,3 +121,111 @@ def test_a_graph_loop_that_ends_inside_a_rollbacks_replay_says_which_steps_are_l
             "trained before the rollback, are lost; step 6 is neither retried nor skipped") in said, said
     newest = tf.train.latest_checkpoint(logdir)
     assert newest is not None and int(newest.rsplit("-", 1)[1]) == max(committed_steps(logdir)) >= ended, said
+
+
+def test_a_stop_at_step_hook_loop_with_a_nan_at_its_last_step_retries_it_and_ends_exactly_there(tmp_path, capfd) -> None:
+    # TF's canonical loop (`while not mon_sess.should_stop()` with StopAtStepHook(last_step)): step 8's
+    # NaN, once, is found when the loop ended. Before: the hook's stop request (made at step 8) was taken
+    # as a refusal of every replayed run: the training ended at the restored step, steps 2-8 said lost,
+    # exit 0. Now the replay runs through the hooks (StopAtStepHook asks again at 8), the retry is finite,
+    # the final checkpoint is step 8's, not past it, and the hooks' end() sees step 8
+    import tensorflow as tf
+
+    from procsv import train
+
+    logdir, w, nans, ended = str(tmp_path / "stop_at"), tf.Variable(1.0, name="w"), [0], [-1]
+
+    class EndSees(train.SessionRunHook):
+        def end(self, session: object) -> None:
+            ended[0] = int(train.get_global_step().numpy())
+
+    def step() -> tf.Tensor:
+        x = 1.0
+        if int(train.get_global_step().numpy()) == 7 and not nans[0]:  # (step 8 runs)
+            nans[0], x = 1, float("nan")
+        w.assign_add(0.1 * x)
+        return w * x
+
+    with train.MonitoredTrainingSession(hooks=[train.NanTensorHook(None), train.StopAtStepHook(last_step=8), EndSees()],
+                                        checkpoint_dir=logdir, checkpoint={"w": w}, save_checkpoint_steps=4,
+                                        log_step_count_steps=None, save_summaries_steps=None) as msess:
+        while not msess.should_stop():
+            msess.run(step)
+    said = capfd.readouterr().err
+    assert "loss of step 8 is NaN or infinite (found when the loop ended)" in said and "are lost" not in said, said
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith("-8") and ended[0] == 8, (latest, ended, said)
+    assert float(tf.train.load_checkpoint(latest).get_tensor("w/.ATTRIBUTES/VARIABLE_VALUE")) == pytest.approx(1.8, abs=1e-5)
+
+
+def test_an_end_replay_whose_iterator_ran_out_stops_in_order_and_says_the_steps_lost(tmp_path, capfd) -> None:
+    # `it = iter(dataset.take(8))`, `for _ in range(8): sess.run(lambda: step(next(it)))`: step 8's NaN is
+    # found when the loop ended; its replay has no batch left. Before: next(it)'s StopIteration left the
+    # block unstopped (no stop(), the program died with it); now the replay ends there, the steps lost said
+    import tensorflow as tf
+
+    import procsv
+
+    logdir, w = str(tmp_path / "ran_out"), tf.Variable(1.0, name="w")
+    sv = procsv.Supervisor(logdir=logdir, checkpoint={"w": w}, save_checkpoint_steps=2, save_summaries_secs=0)
+
+    def body(batch: tf.Tensor) -> tf.Tensor:
+        x = float("nan") if sv.step == 8 else 1.0
+        w.assign_add(0.01 * x * float(batch))
+        return w * x
+
+    it = iter(tf.data.Dataset.range(1, 100).take(8))
+    with sv.managed_session() as sess:
+        for _ in range(8):
+            sess.run(lambda: body(next(it)))
+    said = capfd.readouterr().err
+    assert "loss of step 8 is NaN or infinite (found when the loop ended)" in said, said
+    assert f"the training loop ended at step {sv.step}, inside the replay after a non-finite rollback" in said, said
+    assert sv.step < 8 and sv.should_stop(), (sv.step, said)
+
+
+_PREEMPTED_IN_THE_END_REPLAY = """
+import os, signal, sys, time
+import tensorflow as tf
+import procsv
+w = tf.Variable(1.0, name="w")
+sv = procsv.Supervisor(logdir=sys.argv[1], checkpoint={"w": w}, save_checkpoint_steps=2, save_summaries_secs=0)
+seen = {"max": 0, "ended": False}
+def step():
+    if seen["ended"]:  # the first run of the end's replay: a preemption
+        seen["ended"] = False
+        print(f"SIGTERM at step {sv.step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+    x = float("nan") if sv.step == 6 else 1.0
+    w.assign_add(0.1 * x)
+    return w * x
+deadline = time.monotonic() + 120
+with sv.managed_session() as sess:
+    while time.monotonic() < deadline:
+        sess.run(step)
+        seen["max"] = max(seen["max"], sv.step)
+        time.sleep(0.01)
+        if sv.step < seen["max"]:
+            seen["ended"] = True
+            break
+print(f"ended at step {sv.step}", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_preemption_during_the_end_replay_commits_the_preempted_checkpoint(tmp_path) -> None:
+    # a real SIGTERM during the replay the session's end makes (plain python, forked: ~1 CPU-s). Before:
+    # the replayed run's TrainingStopped left the block with no stop(): no preempted checkpoint, exit 1
+    # (under procsv launch: a crash, restarted); now the replay ends there and the stop commits that step
+    import tensorflow as tf
+
+    from conftest import quiet_env
+    from pyfork import run_python
+
+    logdir = str(tmp_path / "preempted")
+    done = run_python(["-c", _PREEMPTED_IN_THE_END_REPLAY, logdir], env=quiet_env(), timeout=300)
+    said = done.stderr
+    assert done.returncode == 0 and "Traceback" not in said, said
+    at = int(said.split("SIGTERM at step ", 1)[1].split()[0])
+    assert f"ended at step {at}" in said, said
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith(f"-{at}"), (latest, said)

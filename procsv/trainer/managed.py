@@ -31,8 +31,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Protocol
 
-from procsv.common.errors import TrainingDiverged, TrainingStopped, UsageError
-from procsv.trainer.coordinator import Coordinator
+from procsv.common.errors import TrainingStopped, UsageError
+from procsv.trainer.coordinator import Coordinator, clean_stop_types
 from procsv.trainer.step_boundary import StepState
 
 
@@ -192,13 +192,17 @@ class ManagedSession:
 
     def replay_last(self) -> Optional[Callable[[], bool]]:
         """One more run of the last step function, for a rollback after the loop ended (None: it
-        took its input as arguments, which procsv cannot make for another step)."""
+        took its input as arguments, which procsv cannot make for another step; False from a run: no
+        more can be made, the input ran out or a stop was asked, a preemption's, which ``stop()`` follows)."""
         fn = self.last_replayable
         if fn is None:
             return None
 
         def again() -> bool:
-            self.run(fn)
+            try:
+                self.run(fn)
+            except clean_stop_types():  # its iterator ran out (StopIteration, OutOfRangeError); a signal's stop
+                return False
             return True
         return again
 
@@ -251,7 +255,7 @@ class ManagedSessionContext:
         if exc is None and not sv.coord.should_stop():  # the loop ended on its own: its last losses, judged
             try:
                 sv.settle_at_end()
-            except TrainingDiverged as err:
+            except BaseException as err:  # its give-up (exit 4), or the replayed step's own error: stop() still runs
                 settled = err
         if exc is not None or settled is not None:
             sv.request_stop(exc or settled)

@@ -313,6 +313,9 @@ class _MonitoredSession:
         if sv.should_stop():
             return None
         fn = getattr(sv.front_end.session, "last_replayable", None)
+        # a hook's stop that ended the loop (StopAtStepHook at its last step) is asked again by a replayed run's
+        # hooks once due, not taken as a refusal of the replay before it: the replay ends where the loop did
+        asked, self._stop_requested = self._stop_requested, False
 
         def again() -> bool:
             if self._stop_requested:
@@ -323,9 +326,6 @@ class _MonitoredSession:
                 return False
             return True
 
-        # a stop a hook asked for at a step the rollback undoes (StopAtStepHook at its last step, a NaN found
-        # there): the replay's runs ask for it again when they reach that step
-        asked, self._stop_requested = self._stop_requested, False
         try:
             sv.front_end.rollback.settle_at_end(again if fn is not None else None)
         except BaseException as err:
