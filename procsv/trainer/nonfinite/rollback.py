@@ -571,6 +571,8 @@ class NonfiniteRollback:
         stops the run with exit code 4 as ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged`
         where a rollback cannot be (the skip bound, ...; the program's ``NanTensorHook``'s error)."""
         watch = self.watch
+        if self._program_stopped:  # the program's NanTensorHook stopped the loop on the NaN, as it asked: no rollback
+            return
         if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or replay is None or watch.group_refusal:
             self._say_lost()
             return
