@@ -602,9 +602,11 @@ class NonfiniteRollback:
         step, reached, pending = self._state.step, self._reached, self.watch.retry.target
         if reached <= step:
             return
-        lost = f"step {reached}" if reached == step + 1 else f"steps {step + 1}-{reached}"
+        one = reached == step + 1
+        lost = f"step {reached}" if one else f"steps {step + 1}-{reached}"
         retry = (f"; step {pending} is neither retried nor skipped" if pending is not None and pending > step else "")
         print(f"procsv: the training loop ended at step {step}, inside the replay after a non-finite rollback: {lost}, "
-              f"trained before the rollback, are lost{retry} (procsv cannot replay them without the program's loop); "
+              f"trained before the rollback, {'is' if one else 'are'} lost{retry} (procsv cannot replay "
+              f"{'it' if one else 'them'} without the program's loop); "
               f"the final checkpoint is of step {step}, and none older than the newest committed one is committed",
               file=sys.stderr, flush=True)
