@@ -3,7 +3,7 @@
 The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
 :class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
 :class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery`, :class:`DeleteCheckpoints`, and a
-group's :class:`GroupQuery` and :class:`GroupFetch`; down, :class:`SaveRequest`, :class:`SaveResult`
+group's :class:`GroupQuery` and :class:`GroupFetch` (and the watchdog's :class:`AuditHold`, from a DEALER of its own); down, :class:`SaveRequest`, :class:`SaveResult`
 (also pushed to the watchdog), :class:`CommitLoading`, :class:`SnapshotHeld`, :class:`RecoverReply`,
 :class:`CheckpointsDeleted`, :class:`GroupHeld` and :class:`GroupCopy`.
 """
@@ -188,6 +188,18 @@ class DeleteCheckpoints(Message):
 
 
 @dataclass(frozen=True)
+class AuditHold(Message):
+    """Watchdog -> checkpoint service (``--audit``, issue 71; a DEALER the watchdog connects to
+    ``checkpoint.sock``, no reply): the committed steps an audit still needs, the whole set each time
+    (the ends of the intervals waiting or being replayed, and the newest audited step, where a rollback goes).
+    Retention keeps them past ``max_to_keep`` until a later :class:`AuditHold` leaves them out; the next
+    commit's retention then deletes them. A restarted service is told again when its Hello is heard."""
+
+    KIND: ClassVar[str] = "audit_hold"
+    steps: list[int]
+
+
+@dataclass(frozen=True)
 class CheckpointsDeleted(Message):
     """Checkpoint service -> trainer: the answer to :class:`DeleteCheckpoints`: how many checkpoints
     were deleted, or why not (``error``)."""
@@ -201,12 +213,16 @@ class CheckpointsDeleted(Message):
 class GroupQuery(Message):
     """A restarted group's chief -> checkpoint service, before restoring: the newest step whose
     in-memory copies the service holds for every one of ``nproc`` members (of one attempt), each
-    verifying against its checksum, newer than ``after`` (the newest committed checkpoint's step)."""
+    verifying against its checksum, newer than ``after`` (the newest committed checkpoint's step) and,
+    for a group started to roll back step B, older than ``before`` (B; None: no rollback). Before, the
+    newest was answered whatever its step, and a chief whose newest was B or later passed over every
+    copy, older ones before B too."""
 
     KIND: ClassVar[str] = "group_query"
     pid: int
     nproc: int
     after: int
+    before: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class Busy(StrEnum):
     SNAPSHOT = "snapshot"
     FINAL_CHECKPOINT = "final_checkpoint"
     INPUT = "input"  # before its first step: a resumed Keras fit reading its earlier epochs' input again
+    WAITING = "waiting"  # the program's own marked wait (Supervisor.waiting), until its next step
 
 
 class SessionStatus(StrEnum):

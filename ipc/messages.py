@@ -10,7 +10,7 @@ fixed set of values is a ``str`` enum whose values are what travels on the wire.
 Who sends what (see docs/architecture.md for the full table):
 
 * any child -> watchdog (PUSH to ``watchdog.sock``): :class:`Hello`, :class:`TrainerReady`,
-  :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`Promotion`, :class:`SaveResult`,
+  :class:`Progress`, :class:`SaveOverdue`, :class:`ServiceLoading`, :class:`SummaryOverdue`, :class:`StandbyReady`, :class:`AuditResult` (an auditor), :class:`Promotion`, :class:`SaveResult`,
   :class:`GroupCopyHeld` (checkpoint service), and non-finite training's :class:`NonfiniteDetected`, :class:`RolledBack`, :class:`StepSkipped`, a loss spike's :class:`SpikeDetected` and :class:`SpikeReplayed` (trainer).
 * trainer <-> checkpoint service (DEALER/ROUTER on ``checkpoint.sock``): :class:`CheckpointSetup`,
   :class:`SaveData` (+ one frame per tensor), :class:`RecoverQuery`, :class:`DeleteCheckpoints`,
@@ -22,6 +22,8 @@ Who sends what (see docs/architecture.md for the full table):
   down, to the trainer that sent the batches.
 * watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
   :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
+* watchdog -> checkpoint service (``--audit``: a DEALER the watchdog connects to ``checkpoint.sock``):
+  :class:`AuditHold`, the committed steps retention must keep for an audit (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
   :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down (to a zygote seed, :class:`ZygoteStart` first); :class:`ZygoteReady`,
   :class:`ForkReply` up
@@ -31,7 +33,10 @@ Who sends what (see docs/architecture.md for the full table):
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
   :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
   :class:`StartMembers`, :class:`SignalMember`, :class:`NodeStop`, :class:`NodeRefused` down
-  (:mod:`procsv.ipc.node_messages`).
+  (:mod:`procsv.ipc.node_messages`); and :class:`StacksAsked` down, :class:`StacksTaken` up: the
+  stacks of an agent's members (:mod:`procsv.ipc.stack_messages`).
+* ``procsv stacks`` <-> node 0's watchdog (``--nnodes M``: a DEALER to the watchdog's ``stacks.sock``
+  ROUTER): :class:`StacksAsked` up, :class:`StacksTaken` down (the other hosts' members).
 * node 0's checkpoint service <-> node 1's holder (``--nnodes M``: the service's peer link, a
   ROUTER with CURVE; the holder a DEALER in node 1's agent): :class:`ReplicaHello` up,
   :class:`ReplicaCopy` (+ one frame per tensor) both ways (:mod:`procsv.ipc.replica_messages`).
@@ -40,31 +45,34 @@ This module is the schema's public entry: it holds :data:`SCHEMA_VERSION` and th
 :data:`ALL_MESSAGES` (every message type, by which the codec finds a ``KIND``), and re-exports the
 messages from the modules that define them, one per channel: :mod:`procsv.ipc.watchdog_messages`,
 :mod:`procsv.ipc.checkpoint_messages`, :mod:`procsv.ipc.summary_messages`,
-:mod:`procsv.ipc.zygote_messages`, :mod:`procsv.ipc.node_messages`, :mod:`procsv.ipc.replica_messages`, with the base class and the field enums in
+:mod:`procsv.ipc.zygote_messages`, :mod:`procsv.ipc.node_messages`, :mod:`procsv.ipc.replica_messages`,
+:mod:`procsv.ipc.stack_messages`, with the base class and the field enums in
 :mod:`procsv.ipc.message_base`. A new message joins :data:`ALL_MESSAGES` and ``__all__`` here.
 """
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
+from procsv.ipc.checkpoint_messages import (ArenaRef, AuditHold, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
                                             GroupCopyRefused,
                                             GroupFetch, GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
 from procsv.ipc.message_base import Busy, ItemKind, Message, RestoreSource, Role, SaveReason, SessionStatus
 from procsv.ipc.summary_messages import (GraphEvent, ProtoRef, RunScalars, SessionLogEvent, SummaryAck, SummaryBatch,
                                          SummaryItem)
-from procsv.ipc.watchdog_messages import (Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
+from procsv.ipc.watchdog_messages import (AuditResult, Hello, NonfiniteDetected, Progress, Promotion, RolledBack, SaveOverdue,
                                          ServiceLoading, SpikeDetected, SpikeReplayed, StandbyReady, StepSkipped,
                                          SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ServiceStart, ZygoteReady, ZygoteStart
-from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
-                                      NodeStop, Relayed, SignalMember, StartMembers)
+from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, NodeHello,
+                                      NodeRefused, NodeStop, Relayed, SignalMember, StartMembers)
 from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
+from procsv.ipc.stack_messages import Frame, ProcessStacks, StacksAsked, StacksTaken, ThreadStack
 
 SCHEMA_VERSION = 2  # 2: SummaryBatch lost its JSON scalar rows, its protos are ProtoRef; SummaryAck
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
     Hello,
+    AuditResult,
     TrainerReady,
     Progress,
     CheckpointSetup,
@@ -86,6 +94,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     RecoverQuery,
     RecoverReply,
     DeleteCheckpoints,
+    AuditHold,
     CheckpointsDeleted,
     GroupQuery,
     GroupHeld,
@@ -113,21 +122,25 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     NodeRefused,
     MemberStarted,
     MemberEnded,
+    MemberLooked,
     Relayed,
+    StacksAsked,
+    StacksTaken,
 )
 
 
 __all__ = [
-    "SCHEMA_VERSION", "ALL_MESSAGES", "Message",
+    "SCHEMA_VERSION", "ALL_MESSAGES", "Message", "AuditResult",
     "Role", "SaveReason", "Busy", "SessionStatus", "ItemKind", "RestoreSource",
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
     "NonfiniteDetected", "RolledBack", "StepSkipped", "SpikeDetected", "SpikeReplayed", "Promotion",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
-    "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted",
+    "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "AuditHold", "CheckpointsDeleted",
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
     "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ZygoteStart", "ServiceStart", "ForkRequest", "ForkReply",
     "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
-    "Relayed", "RELAYABLE",
+    "MemberLooked", "Relayed", "RELAYABLE",
+    "Frame", "ThreadStack", "ProcessStacks", "StacksAsked", "StacksTaken",
 ]

@@ -33,7 +33,10 @@ class NodeHello(Message):
     left to wait for; an elastic group takes a host back only then, rule 15). ``link`` names the
     agent's connection that sent it: the master routes to the agent's newest and drops a hello of an
     older one (a connection the agent replaced during a partition delivers its queued hellos late, once
-    the link is back)."""
+    the link is back). ``probe``: ``HOST:PORT`` of the agent's probe port, a listening socket whose
+    handshake its host's kernel answers even while the agent is stopped or starved (node 0 connects to it
+    when the agent's beats are late, to tell a slow agent from a silent host: rule 12); "" if none.
+    Sent every 0.1 s (``AGENT_BEAT_SECS``)."""
 
     KIND: ClassVar[str] = "node_hello"
     node: int
@@ -45,6 +48,7 @@ class NodeHello(Message):
     stop: int = 0  # a stop signal the agent got (0: none): node 0 stops the whole job in order
     ready: bool = True
     link: int = 0  # which of the agent's connections to the master sent it, counted from 1 (a new one each reconnect)
+    probe: str = ""  # HOST:PORT of its probe port ("" : none; node 0 then finds it lost by --node-timeout alone)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,26 @@ class NodeRefused(Message):
     node: int
     reason: str
     node_timeout: float
+
+
+@dataclass(frozen=True)
+class MemberLooked(Message):
+    """Agent -> master: a look at a member from its host's ``/proc`` (once a second: the stuck rule's samples,
+    as node 0's watchdog takes of its own trainers; the master stamps it with its own clock when it arrives).
+    The fields are :class:`procsv.watchdog.rules.state.Activity`'s but its time: CPU seconds, bytes read and
+    written, the main thread's switches, its state letter and system call, its descendants' CPU and bytes
+    (-1: not read)."""
+
+    KIND: ClassVar[str] = "member_looked"
+    slot: str
+    attempt: int
+    cpu: float
+    io: int
+    woke: int
+    state: str
+    syscall: str = ""
+    kids_cpu: float = -1.0
+    kids_io: int = -1
 
 
 @dataclass(frozen=True)

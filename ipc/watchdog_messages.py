@@ -124,6 +124,25 @@ class StandbyReady(Message):
 
 
 @dataclass(frozen=True)
+class AuditResult(Message):
+    """Auditor -> watchdog (issue 71): its replay of the committed interval ``start``-``end`` from checkpoint
+    ``start``, compared tensor by tensor with checkpoint ``end`` read back from disk. ``differ``: the keys of
+    the tensors whose digests differ (empty: bit-equal); ``digest``: one digest of the whole replayed
+    state (two replays of the same interval compare by it); ``host``: the auditor's; ``error``: why it made
+    no replay (a checkpoint retired before it read it, the program ended before ``end``; empty: it did)."""
+
+    KIND: ClassVar[str] = "audit_result"
+    pid: int
+    attempt: int
+    start: int
+    end: int
+    differ: list[str]
+    digest: str
+    host: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class NonfiniteDetected(Message):
     """Trainer -> watchdog: a watched loss, or the state a snapshot copied, was found NaN or
     infinite (issue 41), at the moment the trainer found it (the bulk check before a snapshot, or
@@ -146,7 +165,9 @@ class RolledBack(Message):
     process restart) because step ``step`` was poisoned, from ``source`` (``path``), in
     ``restore_secs``; the program replays to ``step`` - 1 and then retries ``step`` once (``skip``
     False) or skips it (``skip`` True: it was non-finite again when retried); ``epoch``/``batch``:
-    the input position of ``step`` as in :class:`NonfiniteDetected`."""
+    the input position of ``step`` as in :class:`NonfiniteDetected`; ``group``: a trainer group rolled back in
+    place, every member (its chief says so, once: a rollback of the group, and its members' reports of the
+    step are settled)."""
 
     KIND: ClassVar[str] = "rolled_back"
     pid: int
@@ -159,6 +180,7 @@ class RolledBack(Message):
     wall_time: float
     epoch: Optional[int] = None
     batch: Optional[int] = None
+    group: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,7 +227,11 @@ class SpikeReplayed(Message):
     model's) spike from a transient fault of the machine. ``reproduced``: the replay's losses of
     ``onset`` .. ``step`` equal the first ones bit for bit (its steps are then skipped); else the
     spike was this machine's (``host``), nothing is skipped. ``loss``: the first loss of ``step``;
-    ``replay_loss``: the replay's (None: the replay did not reach it)."""
+    ``replay_loss``: the replay's (None: the replay did not reach it). ``differs_at``: the first replayed
+    step before ``onset`` whose loss differs from the first run's (None: each equal bit for bit, or none
+    replayed): the program's input did not come back with the restored state (a counter or an iterator of
+    its own, random numbers no checkpoint holds), so the replay says nothing of whose the spike was: no
+    transient fault of ``host``; the replayed state is kept and training goes on."""
 
     KIND: ClassVar[str] = "spike_replayed"
     pid: int
@@ -216,6 +242,7 @@ class SpikeReplayed(Message):
     replay_loss: Optional[float]
     host: str
     wall_time: float
+    differs_at: Optional[int] = None
 
 
 @dataclass(frozen=True)

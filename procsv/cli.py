@@ -1,4 +1,4 @@
-"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``logs``, ``report``, ``stop`` and ``preempt``.
+"""The ``procsv`` command: ``launch`` (the watchdog), ``status``, ``logs``, ``report``, ``stacks``, ``stop`` and ``preempt``.
 
 Runs in the user's shell; ``procsv launch`` becomes the watchdog process. Exit codes:
 0 the run succeeded; 1 it failed (the trainer kept failing, or failed at start-up, or the logdir was
@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from procsv.common import env
 from procsv.common.errors import LogdirLocked, UsageError
@@ -53,19 +53,25 @@ def _parser() -> argparse.ArgumentParser:
                     help="longer limit for the first step: import, restore, tracing (default 1800 s; 0 = off)")
     la.add_argument("--hang-grace-secs", type=float, default=10.0,
                     help="after SIGTERM to a hung trainer, SIGKILL it after this long (default 10 s)")
+    la.add_argument("--stuck-secs", type=float, default=10.0,
+                    help="a trainer past its first step that completes no step, uses almost no CPU, reads and writes "
+                         "nothing and whose main thread never runs for this long is hung, whatever --hang-timeout "
+                         "says (default 10 s; 0 = off)")
     la.add_argument("--on-checkpoint-failure", choices=["stop", "continue"], default="stop",
                     help="after 3 checkpoints in a row fail to commit: stop the run in order and exit 3 "
                          "(default), or continue training without checkpoints")
     la.add_argument("--on-nonfinite", choices=["rollback", "stop", "continue"], default=None,
                     help="when a step's loss (or a snapshot's weights) is NaN or infinite: restore the newest "
                          "finite checkpoint in place, replay, retry the bad step and skip it if it is non-finite "
-                         "again (rollback; a --nproc group is restarted, every member skipping it), stop in order "
+                         "again (rollback; a --nproc group rolls back as one, in place at its K-th steps where every member "
+                         "can, else restarted, every member skipping it), stop in order "
                          "and exit 4 (stop), or train on (continue); never is a "
                          "poisoned checkpoint committed (default: the Supervisor's on_nonfinite, else rollback)")
     la.add_argument("--on-spike", choices=["rollback", "stop", "warn", "off"], default=None,
                     help="when a step's loss spikes (finite, far above the losses before it): say so (warn), also "
                          "restore the newest snapshot before its onset and skip the steps from its onset to its "
-                         "detection (rollback: an eager loop or Keras fit; a --nproc group is restarted, every member skipping "
+                         "detection (rollback: an eager loop or Keras fit; a --nproc group rolls back as one, in place or "
+                         "restarted, every member skipping "
                          "them), stop in order and exit 4 (stop), or "
                          "do not look (off) (default: the Supervisor's on_spike, else warn)")
     la.add_argument("--max-skips", type=int, default=3, metavar="K",
@@ -77,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --on-spike rollback: a host whose loss spikes did not come again when replayed "
                          "(transient faults of the machine) N times in this launch is reported as suspect (a line, "
                          "a host_suspect record, status, metrics); nothing is excluded or stopped (default 3)")
+    la.add_argument("--audit", choices=["off", "sampled", "every"], default="off",
+                    help="replay committed checkpoint intervals in an idle-priority auditor process and compare its "
+                         "result with the trainer's next checkpoint, tensor by tensor (silent data corruption); a "
+                         "mismatch two replays agree on rolls the trainer back to the interval's start and names its "
+                         "host: every interval, or one in 16 (sampled); a single trainer's eager program only in "
+                         "this release (default off)")
     la.add_argument("--no-prewarm", action="store_true",
                     help="start every trainer as a fresh process instead of forking it from a pre-warmed one")
     la.add_argument("--fork-prewarm", action="store_true", help="grow the pre-warmed trainer from a fork of this "
@@ -154,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--plot", metavar="OUT.png", default=None,
                     help="also draw the timeline (step over time, restarts, checkpoints) into this PNG; "
                          "needs matplotlib: pip install 'procsv[plot]'")
+    sk = sub.add_parser("stacks", help="print every thread's stack of a live run's trainers (py-spy), without stopping them")
+    sk.add_argument("logdir")
+    sk.add_argument("--native", action="store_true",
+                    help="also the native frames (TensorFlow's ops, collectives): this pauses each process for a "
+                         "second or more while it is read")
+    sk.add_argument("--all", action="store_true", help="every process of the run, not only its trainers")
+    sk.add_argument("--json", action="store_true", help="one JSON document instead of the text")
     sp = sub.add_parser("stop", help="ask a live run to checkpoint and stop (like SIGTERM to the launch)")
     sp.add_argument("logdir")
     sp.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the run to end")
@@ -192,6 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _status(args)
         if args.command == "preempt":
             return _preempt(args)
+        if args.command == "stacks":
+            return _stacks(args)
         if args.command == "logs":
             from procsv.common.layout import Layout
             from procsv.logs import show
@@ -219,6 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     from procsv.launch_args import check_coordinator, check_min_nodes, check_numbers, group_snapshot_steps
     from procsv.watchdog.config import TrainerSettings, check_ps
+    from procsv.watchdog.config import HangSettings
     from procsv.watchdog.launcher import LaunchConfig, Watchdog
 
     check_numbers(args)
@@ -235,7 +257,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         # (refused here, before anything starts: each trainer refused it with a traceback, then the run ended)
         from procsv.trainer.nonfinite.spike import OnSpike, refusal
 
-        raise UsageError(refusal(OnSpike.ROLLBACK, graph=False, ps=True))
+        raise UsageError(refusal(OnSpike.ROLLBACK, ps=True))
     if args.nnodes > 1:
         host, _, port = (args.master_addr or "").rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -255,8 +277,8 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
 
         parse_chaos(args.chaos)  # a bad SPEC is a usage error before anything starts
     cfg = LaunchConfig(target=args.target, args=target_args, logdir=args.logdir, max_restarts=args.max_restarts,
-                       stop_grace_secs=args.stop_grace_secs, quiet=args.quiet, hang_timeout=args.hang_timeout,
-                       startup_timeout=args.startup_timeout, hang_grace_secs=args.hang_grace_secs,
+                       stop_grace_secs=args.stop_grace_secs, quiet=args.quiet,
+                       hang=HangSettings(args.hang_timeout, args.startup_timeout, args.hang_grace_secs, args.stuck_secs),
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
                        standby="off" if args.no_prewarm else "fork"  # hosts, or --ps: no hot standby (group)
                        if (args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
@@ -268,7 +290,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        logdir_timeout=args.logdir_timeout, node_timeout=args.node_timeout,
                        on_checkpoint_failure=args.on_checkpoint_failure,
                        trainer=TrainerSettings(args.on_nonfinite, args.max_skips, args.skip_window, snapshot_steps,
-                                               args.on_spike, args.suspect_after),
+                                               args.on_spike, args.suspect_after, args.audit),
                        allow_reinit=args.allow_reinit, keep_logs=args.keep_logs, on_failure=args.on_failure,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host or "127.0.0.1",
                        preload=[m.strip() for m in args.preload.split(",") if m.strip()], job_id=placed.job_id,
@@ -357,18 +379,26 @@ def _elsewhere(command: str, logdir: str, hostname: str, pid: int) -> UsageError
                       f"{logdir}` on that host")
 
 
-def _preempt(args: argparse.Namespace) -> int:
-    from procsv.common import pidfd as pidfds
+def _live_status(command: str, logdir: str) -> dict[str, Any]:
+    """The status of the live run in ``logdir`` whose pids mean something here (``procsv preempt``,
+    ``procsv stacks``); a usage error if no live run holds it, or it is led from another host."""
     from procsv.common.layout import Layout, LogdirLock
     from procsv.status import read_status
 
-    layout = Layout(os.path.abspath(args.logdir))
+    layout = Layout(os.path.abspath(logdir))
     holder = LogdirLock.held_by(layout)
     if holder is None:
-        raise UsageError(f"no live procsv run holds {args.logdir!r}")
+        raise UsageError(f"no live procsv run holds {logdir!r}")
     status = read_status(layout) or {}
     if not holder.here() or not status.get("here", True):
-        raise _elsewhere("preempt", args.logdir, holder.hostname, holder.pid)
+        raise _elsewhere(command, logdir, holder.hostname, holder.pid)
+    return status
+
+
+def _preempt(args: argparse.Namespace) -> int:
+    from procsv.common import pidfd as pidfds
+
+    status = _live_status("preempt", args.logdir)
     proc = next((p for p in status.get("processes", []) if p.get("role") == args.target and p.get("alive")), None)
     fd = None if proc is None else pidfds.open_recorded(int(proc["pid"]), create_time=proc.get("create_time"))
     if proc is None or fd is None:  # (not the process recorded: a reused pid is never signalled)
@@ -379,6 +409,13 @@ def _preempt(args: argparse.Namespace) -> int:
         os.close(fd)
     print(f"procsv: sent SIG{args.signal} to the {args.target} (pid {proc['pid']})", flush=True)
     return EXIT_OK
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    from procsv.stacks_command import show
+
+    return EXIT_OK if show(_live_status("stacks", args.logdir), args.logdir, args.all, args.native, args.json) \
+        else EXIT_FAILED
 
 
 def _stop(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ def check_numbers(args: argparse.Namespace) -> None:
     for flag, value, low, note in (("--max-restarts", args.max_restarts, 0, ""),
                                    ("--hang-grace-secs", args.hang_grace_secs, 0, ""),
                                    ("--hang-timeout", args.hang_timeout, 0, " (0 turns it off)"),
-                                   ("--startup-timeout", args.startup_timeout, 0, " (0 turns it off)")):
+                                   ("--startup-timeout", args.startup_timeout, 0, " (0 turns it off)"),
+                                   ("--stuck-secs", args.stuck_secs, 0, " (0 turns it off)")):
         if not value >= low:  # also refuses nan
             raise UsageError(f"{flag} must be >= {low}{note}, not {value:g}")
     if not args.stop_grace_secs > 0:
@@ -102,13 +103,15 @@ def add_host_flags(la: argparse.ArgumentParser) -> None:
                          "in a Slurm step the step's first host and a port from the job id)")
     la.add_argument("--rejoin-timeout", type=float, default=300.0, metavar="SECS",
                     help="with --nnodes: how long a lost (or not yet joined) host may take to come back before "
-                         "the run stops and fails (default 300)")
+                         "the run stops and fails; with --min-nodes K, how long fewer than K hosts (or a host absent "
+                         "at the start) are waited for (default 300)")
     la.add_argument("--min-nodes", type=int, default=None, metavar="K",
-                    help="with --nnodes M: an elastic group. A host lost (or absent) past --rejoin-timeout no longer "
-                         "stops the run while K hosts are left: the group restarts on the hosts left and trains on, "
-                         "and takes the host back at the next checkpoint once its agent returns (default M: every "
-                         "host is needed; docs/elastic.md)")
+                    help="with --nnodes M: an elastic group. A host found lost (or absent past --rejoin-timeout) no "
+                         "longer stops the run while K hosts are left: the group restarts at once on the hosts left and "
+                         "trains on, and takes the host back at the next checkpoint once its agent returns (default M: "
+                         "every host is needed; docs/elastic.md)")
     la.add_argument("--node-timeout", type=float, default=15.0, metavar="SECS",
-                    help="with --nnodes: node 0 finds a host lost when its agent is silent this long, and every "
+                    help="with --nnodes: node 0 finds a host lost when its agent is silent this long (one whose "
+                         "host's kernel is silent too, to node 0's probes: within 0.5 s), and every "
                          "agent stops its trainers when node 0 is silent this long (node 0's value: it sends it "
                          "to the agents) (default 15)")

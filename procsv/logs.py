@@ -8,7 +8,8 @@ files. Following (``-f``) prints what is appended and every new attempt as it ap
 filesystem events (the ``watchdog`` package), and ends once the run is over (its launch no longer
 holds the logdir's lock), like ``docker logs -f``. A hot standby writes the trainer's next
 attempt log while it waits; until it is promoted that attempt is left out of ``all``, ``last``
-and following (its number still selects it).
+and following (its number still selects it). A trainer attempt (or a group's) stopped as hung is
+followed by the stacks the watchdog took before its SIGTERM (``<slot>.<attempt>.stacks.txt``).
 
 Attempt numbers start at 1 at every launch of a logdir; the newest launch's files are in
 ``logs/``, each earlier one's in ``logs/launch-<n>/`` (the watchdog moves them there when the next
@@ -138,6 +139,17 @@ def select(found: list[tuple[int, str]], attempt: str, role: str,
     return chosen
 
 
+def stacks_files(folder: str, attempt: int) -> list[str]:
+    """The stacks taken before trainer attempt ``attempt`` (or its group's member) was stopped as hung
+    (``<slot>.<attempt>.stacks.txt``, named after the member judged), in ``folder``."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    pattern = re.compile(rf"^(trainer|worker[0-9]+)\.{attempt}\.stacks\.txt$")
+    return sorted(os.path.join(folder, n) for n in names if pattern.match(n))
+
+
 def header(role: str, attempt: int, path: str, standby: bool = False) -> str:
     if role == "watchdog":
         return f"==> watchdog ({path}) <=="
@@ -204,6 +216,14 @@ def show(layout: Layout, role: str, attempt: str, out: IO[str], follow: bool = F
         out.write(header(role, n, path, n in standby) + "\n")
         reader = readers[path] = _Reader(role, path)
         out.write(reader.read())
+        if role == "trainer" or role.startswith("worker"):  # a group's stacks file is named after the member judged
+            for stacks in stacks_files(folder, n):
+                out.write(f"==> the stacks taken before attempt {n} was stopped as hung: {stacks} <==\n")
+                try:
+                    with open(stacks, errors="replace") as f:
+                        out.write(f.read())
+                except OSError as exc:
+                    out.write(f"(not readable: {exc})\n")
     out.flush()
     if not follow:
         return 0

@@ -31,7 +31,7 @@ from typing import Any, Optional
 from procsv import goodput as gp
 from procsv.common.layout import Layout, LogdirLock, read_json
 from procsv.common.manifests import list_committed
-from procsv.status import rollback_words
+from procsv.status import rollback_label, rollback_words
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.publish.events import read_events
 
@@ -67,7 +67,7 @@ class RunReport:
     series: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step)
     skipped: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step) of each non-finite step skipped
     rollbacks: int = 0  # restores after a non-finite loss (issue 41): in place, and a trainer group's restarts
-    group_rollbacks: int = 0  # ... of which a trainer group's
+    group_rollbacks: int = 0  # ... of which a trainer group's (in place: those not among ``restarts``)
     detected: int = 0  # non-finite losses or snapshot states found (the records' repeats, or status.json's count if more)
     launches: list[tuple[int, gp.Breakdown]] = field(default_factory=list)  # (launch number, where its time went)
     lifetime: Optional[gp.Breakdown] = None  # every launch of the logdir, and the gaps between them
@@ -138,6 +138,8 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
         label, cause = "preempted", f"trainer attempt {prev} was preempted (saved its state, exit 42)"
     elif error == "regroup":  # rule 15: no failure, a membership change (counted apart)
         label, cause = "regroup", f"attempt {prev} was ended at a checkpoint boundary to take a host back"
+    elif error.startswith("audit: "):  # --audit: the trainer's machine computed wrongly; rolled back, not a failure
+        label, cause = "audit", f"attempt {prev} {error}"
     else:
         label = "hang" if hang is not None else (f"chaos {kill.get('signal', '')}".strip() if kill is not None
                                                   else how.replace("killed by ", "") or "died")
@@ -149,7 +151,10 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
         label = f"rollback {step}"
         cause = f"the trainer group rolled back to skip step {step}: " + cause
     if hang is not None:
-        cause += f" (hung: {hang.get('reason')})"
+        where = f"; {hang['where']}" if hang.get("where") else ""  # (the stacks taken first: issue 69)
+        blamed = f"; the stacks blame {hang['culprit']}" if hang.get("culprit") else ""
+        kept = f"; stacks in {hang['stacks']}" if hang.get("stacks") else ""
+        cause += f" (hung: {hang.get('reason')}{where}{blamed}{kept})"
     if kill is not None:
         cause += f" (chaos: {kill.get('signal')})"
     times = [float(x["noticed"]) for x in (noticed, exited) if x is not None and x.get("noticed")]
@@ -161,8 +166,8 @@ def _restart(e: dict[str, Any], prev: int, pid: Any, exited: Optional[dict[str, 
 
 def plain_restarts(rep: list[Restart]) -> list[Restart]:
     """The restarts that are not a trainer group's rollback (counted as a rollback, not a restart) nor a
-    regroup (an elastic group ended to take a host back: a membership change)."""
-    return [r for r in rep if r.rollback_step is None and r.label != "regroup"]
+    regroup (an elastic group ended to take a host back: a membership change) nor an audit's rollback."""
+    return [r for r in rep if r.rollback_step is None and r.label not in ("regroup", "audit")]
 
 
 def commits(events: list[dict[str, Any]], layout: Layout, since: Optional[float]) -> list[tuple[float, int]]:
@@ -193,7 +198,7 @@ def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]],
     for e in events if every is None else every:
         if e.get("event") == "step_skipped" and isinstance(e.get("step"), int):
             when.setdefault(int(e["step"]), float(e["time"]))
-    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + group_rollbacks(events, None)
+    rollbacks = sum(1 for e in events if e.get("event") == "rolled_back") + group_restarts(events)
     if summary is not None and isinstance(summary.get("skipped_steps"), list):
         steps = [int(s) for s in summary["skipped_steps"]]
         rollbacks = int(summary.get("rollbacks") or 0)
@@ -204,11 +209,25 @@ def nonfinite(events: list[dict[str, Any]], summary: Optional[dict[str, Any]],
 
 
 def group_rollbacks(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> int:
-    """A trainer group's rollbacks (each a restart of the group, counted as a rollback): from
-    ``report.json`` when it has its skipped steps, else the ``restarting`` records naming a ``rollback_step``."""
+    """A trainer group's rollbacks (a restart of the group, counted as a rollback, or one in place): from
+    ``report.json`` when it has its skipped steps, else the ``restarting`` records naming a ``rollback_step``
+    and the ``rolled_back`` records of a group (``group``)."""
     if summary is not None and isinstance(summary.get("skipped_steps"), list):
         return int(summary.get("group_rollbacks") or 0)
+    return group_restarts(events) + group_in_place(events, None)
+
+
+def group_restarts(events: list[dict[str, Any]]) -> int:
+    """A trainer group's rollbacks by its restart: the ``restarting`` records naming a ``rollback_step``."""
     return sum(1 for e in events if e.get("event") == "restarting" and isinstance(e.get("rollback_step"), int))
+
+
+def group_in_place(events: list[dict[str, Any]], summary: Optional[dict[str, Any]]) -> int:
+    """A trainer group's rollbacks in place (no member restarted): from ``report.json`` when it has its skipped
+    steps, else the ``rolled_back`` records of a group."""
+    if summary is not None and isinstance(summary.get("skipped_steps"), list):
+        return int(summary.get("group_in_place") or 0)
+    return sum(1 for e in events if e.get("event") == "rolled_back" and e.get("group"))
 
 
 def gather(layout: Layout) -> Optional[RunReport]:
@@ -299,7 +318,7 @@ def render(rep: RunReport) -> str:
             back = f"; attempt {r.attempt} restored step {r.restored_step}" + \
                 ("" if r.restore_secs is None else f" in {r.restore_secs:.2f} s")
         what = "restart" if r.rollback_step is None else "group rollback"
-        what = "regroup" if r.label == "regroup" else what
+        what = r.label if r.label in ("regroup", "audit") else what
         lines.append(f"  {what} at {_clock(r.at)} [{r.label}]: {r.cause}{back}")
     for m in rep.memberships:  # --min-nodes: each group started on other hosts than the one before
         nodes = m.get("nodes") or []
@@ -309,9 +328,12 @@ def render(rep: RunReport) -> str:
     verdicts = {e.get("step"): e for e in rep.spikes if e.get("event") == "spike_replayed"}
     rolled_spikes = sum(1 for e in found if e.get("action") == "rollback")
     if rep.skipped or rep.rollbacks or rep.detected:
-        counts = nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped), rolled_spikes)
-        lines.append(f"  non-finite: {counts}: {', '.join(str(s) for _, s in rep.skipped) or 'none'}; "
-                     f"{rep.detected} time(s) found non-finite")
+        restarted = sum(1 for r in rep.restarts if r.rollback_step is not None)  # (the others: in place)
+        counts = nonfinite_counts(rep.rollbacks, rep.group_rollbacks, len(rep.skipped), rolled_spikes, rep.detected,
+                                  max(0, rep.group_rollbacks - restarted))
+        lines.append(f"  {rollback_label(rep.detected, rolled_spikes)}: {counts}: "
+                     f"{', '.join(str(s) for _, s in rep.skipped) or 'none'}"
+                     + (f"; {rep.detected} time(s) found non-finite" if rep.detected or not rolled_spikes else ""))
     if found:
         words = "; ".join(spike_words(e, verdicts.get(e.get("step"))) for e in found)
         lines.append(f"  loss spikes: {len(found)}: {words}")
@@ -333,22 +355,25 @@ def render(rep: RunReport) -> str:
 
 
 
-def nonfinite_counts(rollbacks: int, group_rollbacks: int, skipped: int, spikes: int = 0) -> str:
+def nonfinite_counts(rollbacks: int, group_rollbacks: int, skipped: int, spikes: int = 0, found: int = 1,
+                     in_place: int = 0) -> str:
     """``N rollback(s)..., M step(s) skipped (why)``: a single trainer skips a step whose loss was
     non-finite twice (found, rolled back in place, retried); a trainer group skips it once found (its
     rollback restarts the group, every member skipping it); ``spikes``: loss spikes rolled back
-    (``--on-spike rollback``), whose restores and steps are counted here too."""
+    (``--on-spike rollback``), whose restores and steps are counted here too; ``found``: the non-finite
+    findings (none, with spikes: the why names the spikes alone); ``in_place``: the group's rollbacks in place."""
     why = "NaN or infinite loss" if group_rollbacks else "NaN or infinite loss twice"
     if spikes:
-        why += ", or a loss spike's steps"
-    return f"{rollback_words(rollbacks, group_rollbacks)}, {skipped} step(s) skipped ({why})"
+        why = f"{why}, or a loss spike's steps" if found else "a loss spike's steps"
+    return f"{rollback_words(rollbacks, group_rollbacks, in_place)}, {skipped} step(s) skipped ({why})"
 
 
 def spike_words(record: dict[str, Any], replayed: Optional[dict[str, Any]] = None) -> str:
     """A ``spike_detected`` record in words: ``step 65 (loss 14.9 against a threshold of 2.6, median 0.29):
     rollback`` (``steps 63-65`` when its onset is earlier), and what its replay (its ``spike_replayed``
-    record, if any) said: ``, the data's (again when replayed): skipped`` or ``, a transient fault of
-    host H (not again when replayed): kept``."""
+    record, if any) said: ``, the data's (again when replayed): skipped``, ``, a transient fault of
+    host H (not again when replayed): kept`` or ``, no verdict (the replay's input differed from step N):
+    kept``."""
     step, onset = record.get("step"), record.get("onset")
     steps = f"steps {onset}-{step}" if onset is not None and onset != step else f"step {step}"
 
@@ -359,6 +384,8 @@ def spike_words(record: dict[str, Any], replayed: Optional[dict[str, Any]] = Non
     verdict = ""
     if replayed is not None:
         verdict = (", the data's (again when replayed): skipped" if replayed.get("reproduced") else
+                   f", no verdict (the replay's input differed from step {replayed['differs_at']}): kept"
+                   if replayed.get("differs_at") is not None else
                    f", a transient fault of host {replayed.get('host')} (not again when replayed): kept")
     return (f"{steps} (loss {num('loss')} against a threshold of {num('threshold')}, median {num('median')}): "
             f"{record.get('action')}{verdict}")

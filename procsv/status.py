@@ -98,14 +98,25 @@ def read_status(layout: Layout) -> Optional[dict[str, Any]]:
     return status
 
 
-def rollback_words(rollbacks: int, grouped: int) -> str:
-    """``N rollback(s)``, and how many were a trainer group's (its restart, every member skipping the
-    step: a rollback, not a restart), as ``procsv status`` and ``procsv report`` say it."""
+def rollback_words(rollbacks: int, grouped: int, in_place: int = 0) -> str:
+    """``N rollback(s)``, and how many were a trainer group's (its restart, or ``in_place`` of them in place,
+    every member skipping the step: a rollback, not a restart), as ``procsv status`` and ``procsv report`` say it."""
     if not grouped:
         return f"{rollbacks} rollback(s)"
+    how = "restarted" if not in_place else "in place" if in_place == grouped else \
+        f"{in_place} in place, {grouped - in_place} restarted"
     if grouped == rollbacks:
-        return f"{rollbacks} rollback(s) of the trainer group (restarted, every member skipping the step)"
-    return f"{rollbacks} rollback(s) ({grouped} of the trainer group, {rollbacks - grouped} in place)"
+        return f"{rollbacks} rollback(s) of the trainer group ({how}, every member skipping the step)"
+    return f"{rollbacks} rollback(s) ({grouped} of the trainer group ({how}), {rollbacks - grouped} in place)"
+
+
+def rollback_label(found: int, spikes: int) -> str:
+    """What the rollbacks and skips of a run were for, as the line that counts them begins: ``non-finite``
+    (``found`` non-finite findings, no loss spike rolled back), ``loss-spike rollbacks`` (``spikes`` rolled
+    back, nothing found non-finite), or both."""
+    if not spikes:
+        return "non-finite"
+    return "loss-spike rollbacks" if not found else "non-finite and loss-spike rollbacks"
 
 
 def spike_lines(spikes: Any) -> list[str]:
@@ -132,6 +143,20 @@ def spike_lines(spikes: Any) -> list[str]:
     return out
 
 
+def audit_lines(audit: Any) -> list[str]:
+    """``status.json``'s ``audit`` (``--audit``, issue 71) in words: the fraction of the committed steps audited,
+    the verdicts, the hosts whose trainer an audit found computing wrongly, why the audit switched off."""
+    if not isinstance(audit, dict) or not audit.get("mode"):
+        return []
+    verdicts = ", ".join(f"{v} {n}" for v, n in sorted((audit.get("verdicts") or {}).items())) or "none yet"
+    line = (f"  audit ({audit['mode']}): {audit.get('audited_steps')} of {audit.get('committed_steps')} committed "
+            f"steps replayed bit-equal ({float(audit.get('fraction') or 0):.1%}); verdicts: {verdicts}")
+    wrong = audit.get("miscomputed") or {}
+    if wrong:
+        line += "; computed wrongly (rolled back), by host: " + ", ".join(f"{h} {n}" for h, n in wrong.items())
+    return [line] + ([f"  audit off: {audit['off']}"] if audit.get("off") else [])
+
+
 def render(status: dict[str, Any], logdir: str) -> str:
     """A short human view of a status record."""
     lines = [f"procsv run in {logdir}: {status.get('state')}"]
@@ -149,9 +174,12 @@ def render(status: dict[str, Any], logdir: str) -> str:
     found, grouped = status.get("nonfinite_detected") or 0, status.get("group_rollbacks") or 0
     if skipped or rollbacks or found:
         steps = ", ".join(map(str, skipped)) if skipped else "none"
-        lines.append(f"  non-finite: {rollback_words(rollbacks, grouped)}, {len(skipped)} step(s) skipped: {steps}; "
-                     f"{found} time(s) found non-finite")
+        spiked = status.get("spikes")
+        rolled = int(((spiked.get("by_action") if isinstance(spiked, dict) else None) or {}).get("rollback") or 0)
+        lines.append(f"  {rollback_label(found, rolled)}: {rollback_words(rollbacks, grouped, status.get('group_in_place') or 0)}, {len(skipped)} step(s) "
+                     f"skipped: {steps}" + (f"; {found} time(s) found non-finite" if found or not rolled else ""))
     lines += spike_lines(status.get("spikes"))
+    lines += audit_lines(status.get("audit"))
     if status.get("goodput") is not None:
         lines.append(f"  goodput {status['goodput']:.3f} (time on kept steps / wall time)")
     spent = status.get("breakdown")

@@ -274,6 +274,25 @@ def test_a_group_member_snapshots_in_memory_and_checks_its_losses_at_every_kth_s
     assert next_bound(agent.observe(), 10, agent.now)[0] == 15
 
 
+def test_a_group_chief_checks_its_losses_at_every_nth_step_even_when_its_snapshot_there_waits_behind_one_in_flight() -> None:
+    """The chief (``save_checkpoint_steps`` 10, K 50) whose step-20 commit is slow (a busy machine): its triggers
+    at 30 and 40 meet that snapshot in flight and take none, yet its losses are checked there, as where it took one;
+    a worker checks at the K-th steps alone. Before: the check went with the snapshot only, and a NaN at step 40
+    was found at 40 on a quiet machine, at 50 at load (the CI run at load 6.5: the whole group trained on to 50)."""
+    chief = Agent(save_steps=10, group_every=50)
+    planned: dict[int, list[Action]] = {}
+    for step in range(1, 51):
+        if step == 15:
+            chief.commit(10)  # step 10 commits; step 20's stays in flight to the end
+        planned[step] = chief.boundary(step, dt=0.001)
+    assert [s.step for acts in planned.values() for s in snapshots(acts)] == [10, 20]
+    assert chief.observe().in_flight == 20 and chief.view.pending == SaveReason.STEPS
+    assert [s for s, acts in planned.items() if CheckGroupLosses(s) in acts] == [10, 20, 30, 40, 50]
+    worker = Agent(saving=False, save_steps=10, group_every=50)  # (a worker saves nothing, whatever its program asks)
+    checked = [s for s in range(1, 101) if CheckGroupLosses(s) in worker.boundary(s, dt=0.001)]
+    assert checked == [50, 100]
+
+
 # --------------------------------------------------------------------------- the revisions of a committed step
 def test_a_newer_state_of_a_committed_step_goes_as_its_next_revision_and_is_taken_again_if_not_written() -> None:
     revisions = Revisions()

@@ -100,7 +100,9 @@ def test_a_snapshot_in_flight_to_a_stopped_service_at_the_end_gets_it_replaced_a
     assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, "model.ckpt-600")
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         log = fh.read()
-    assert "within 3.0 s" in log and "final checkpoint committed at step 600" in log, log
+    # the deadline it names: the floor (3 s here), or longer where the measured persist rate says so (3.2 s at load 13)
+    named = re.search(r"no result from the checkpoint service within (\d+\.\d) s", log)
+    assert named and float(named.group(1)) >= 3.0 and "final checkpoint committed at step 600" in log, log
 
 
 def test_snapshots_refused_under_on_nonfinite_continue_never_get_the_checkpoint_service_killed(logdir):

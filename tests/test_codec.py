@@ -100,6 +100,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("commit-loading", m.CommitLoading(step=1501, what="TensorFlow"), []),
     ("snapshot-held", m.SnapshotHeld(step=1501, meta_graph=True), []),
     ("standby-ready", m.StandbyReady(pid=4244, attempt=3, prepare_secs=0.61), []),
+    ("audit-result", m.AuditResult(pid=4250, attempt=2, start=100, end=200, differ=["dense/kernel"], digest="9f0c",
+                                   host="vm", error=""), []),
     ("promotion", m.Promotion(attempt=3, skip_steps=[40, 70], rollback_before=70), []),
     ("nonfinite-detected", m.NonfiniteDetected(pid=4242, step=25, wall_time=1_700_000_000.5,
                                                what="the loss of step 25 is NaN or infinite"), []),
@@ -130,6 +132,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                                    crc=0xE3069283), [b"\x00" * 8]),
     ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),
     ("delete-checkpoints", m.DeleteCheckpoints(pid=4243), []),
+    ("audit-hold", m.AuditHold(steps=[100, 200]), []),
     ("checkpoints-deleted", m.CheckpointsDeleted(deleted=3, error=None), []),
     ("checkpoints-deleted-failed", m.CheckpointsDeleted(deleted=0, error="OSError: [Errno 5] Input/output error"), []),
     ("recover-reply-none", m.RecoverReply(step=-1, path=None, note="no in-memory snapshot is held"), []),
@@ -172,7 +175,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("fork-reply-ok", m.ForkReply(attempt=2, pid=1234), []),
     ("fork-reply-error", m.ForkReply(attempt=2, pid=0, error="OSError: fork failed"), []),
     ("node-hello", m.NodeHello(node=1, nproc=2, host="h1", pid=77, addresses=["10.0.0.2:4000", "10.0.0.2:4001"],
-                               live=["worker2.1"]), []),
+                               live=["worker2.1"], probe="10.0.0.2:4100"), []),
     ("master-beat", m.MasterBeat(job="j1", node_timeout=15.0), []),
     ("start-members", m.StartMembers(attempt=2, ranks=[2, 3], cluster=["a:1", "a:2", "b:1", "b:2"],
                                      env={"PROCSV_GROUP_PIN": "/l/.procsv/group/j1.2.json"}), []),
@@ -182,7 +185,15 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("node-refused", m.NodeRefused(node=1, reason="node 1 is held by another agent in this launch", node_timeout=2.5), []),
     ("member-started", m.MemberStarted(slot="worker3", attempt=1, pid=99), []),
     ("member-ended", m.MemberEnded(slot="worker3", attempt=1, pid=99, code=-9, signalled=False), []),
+    ("member-looked", m.MemberLooked(slot="worker1", attempt=2, cpu=1.5, io=4096, woke=17, state="S",
+                                     syscall="futex", kids_cpu=0.25, kids_io=0), []),
     ("relayed", m.Relayed(slot="worker3", frames=1), [b'{"v":2,"kind":"progress","body":{}}']),
+    ("stacks-asked", m.StacksAsked(ask=3, slots=["worker1"], native=False, timeout=9.5), []),
+    ("stacks-taken", m.StacksTaken(ask=3, of=2, stacks=m.ProcessStacks(
+        "worker1", 77, [m.ThreadStack(77, "MainThread", True, False, [m.Frame("step", "/a/train.py", 12, False),
+                                                                      m.Frame("futex_wait", "libc.so.6", 0, True)],
+                                      "futex")], stopped=True, host="10.0.0.2")), []),
+    ("stacks-taken-none", m.StacksTaken(ask=4, of=0), []),
 ]
 
 
@@ -519,7 +530,7 @@ def test_summary_item_kind_is_validated_in_a_nested_item():
 def test_wire_values_of_the_enums_are_the_old_strings():
     assert [r.value for r in m.Role] == ["trainer", "checkpoint", "summary", "ps", "server"]  # (ps, server: --ps tasks)
     assert {r.value for r in m.SaveReason} == {"periodic", "steps", "final", "preempted", "lost", "memory"}
-    assert [b.value for b in m.Busy] == ["", "snapshot", "final_checkpoint", "input"]
+    assert [b.value for b in m.Busy] == ["", "snapshot", "final_checkpoint", "input", "waiting"]
     assert [s.value for s in m.SessionStatus] == ["start", "stop", "checkpoint"]
     assert [k.value for k in m.ItemKind] == ["histogram", "image", "text"]
     assert _body(m.Progress(1, 2, 3.0, m.Busy.SNAPSHOT))["busy"] == "snapshot"
@@ -613,3 +624,31 @@ def test_every_refusal_has_a_reason():
     with pytest.raises(ProtocolError) as unexpected:
         decode([_header("save_request", {"reason": "periodic"})], accept={m.Progress})
     assert unexpected.value.reason is RejectReason.UNEXPECTED_KIND
+
+
+def test_a_huge_stack_fits_one_stacks_taken_under_the_links_frame_limit_keeping_the_innermost_frames():
+    """Issue 69, an attack: a member of another host with 31 threads 900 frames deep (a recursion) gave a
+    StacksTaken of ~1.8 MB, over the link's 1 MiB frame limit: ZeroMQ dropped it with the connection, and the
+    hang's file said the host "did not answer". Its agent now sends it fitted: every frame of the message under
+    the limit, each thread's innermost frames kept, the cut named."""
+    from procsv.ipc.stack_messages import Frame, ProcessStacks, StacksTaken, ThreadStack, fitted
+    from procsv.ipc.transport import CONTROL_FRAME_MAX
+
+    def thread(tid: int, depth: int) -> ThreadStack:
+        frames = [Frame("Lock.acquire" if i == 0 else "rec", "/home/user/project/src/model/att_group.py", i, False)
+                  for i in range(depth)]
+        return ThreadStack(tid, f"Thread-{tid}", True, False, frames, "futex")
+
+    for n, depth in ((31, 900), (3000, 6)):  # deep threads; then more threads than fit at all
+        huge = ProcessStacks("worker1", 7, [thread(7, depth)] + [thread(100 + i, depth) for i in range(n - 1)], host="h1")
+        assert max(len(f) for f in encode(StacksTaken(1, 1, huge))) > CONTROL_FRAME_MAX  # (as it was sent)
+        fit = fitted(huge)
+        frames = encode(StacksTaken(1, 1, fit))
+        assert max(len(f) for f in frames) < CONTROL_FRAME_MAX, [len(f) for f in frames]
+        assert fit.main is not None and fit.main.frames[0].name == "Lock.acquire" and fit.host == "h1"
+        if n == 31:
+            assert any("frames left out" in f.name for t in fit.threads for f in t.frames)
+        else:
+            assert fit.threads[-1].name.endswith("more threads left out (the answer's size)"), fit.threads[-1]
+    small = ProcessStacks("worker1", 7, [thread(7, 30)])
+    assert fitted(small) is small

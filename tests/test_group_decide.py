@@ -11,7 +11,7 @@ import signal
 
 from procsv.ipc.messages import GroupCopyHeld, Progress, TrainerReady
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, Settle, Signal, Spawn
+from procsv.watchdog.rules.actions import Cause, Finish, GiveUp, Kill, Restart, Settle, Signal, Spawn, TakeStacks
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import blame, worker_slot
@@ -20,7 +20,7 @@ from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.policy import RestartPolicy
 from procsv.watchdog.rules.state import TRAINER, WORKER
 
-from test_watchdog_decide import KILLED, Sim, of
+from test_watchdog_decide import KILLED, Sim, _looks, of
 
 W1 = worker_slot(1)
 
@@ -196,6 +196,8 @@ def test_of_members_hung_at_once_a_stopped_one_is_signalled_and_blamed_not_the_p
     sim.member("worker2").stopped = True  # SIGSTOP: the chief and worker1 wait for it in a collective
     acts = sim.tick(5.5)
     assert [(a.slot, a.cause) for a in of(acts, Signal)] == [("worker2", Cause.HANG)]
+    assert [a.slot for a in of(acts, TakeStacks)] == ["worker2"]  # one capture (every member's), for it, first
+    assert acts.index(of(acts, TakeStacks)[0]) < acts.index(of(acts, Signal)[0])
     assert not of(sim.tick(0.5), Signal)  # the next rounds too: its peers are waiting, not hung
     sim.reaps(TRAINER, 1, "UnavailableError")  # TF's heartbeat fails the chief first
     acts = sim.tick(0.1)
@@ -341,6 +343,47 @@ def test_a_stop_while_the_groups_restart_is_pending_with_nothing_held_past_the_n
     assert [(f.run, f.exit_code, f.unsaved) for f in finish] == [(RunState.STOPPED, 128 + signal.SIGTERM, False)]
 
 
+def test_a_stop_during_the_groups_restart_sends_the_starting_chief_its_sigterm_again_until_it_ends():
+    # the restarted chief has brought MultiWorkerMirroredStrategy up, whose preemption notifier (a C handler
+    # put in place under Python's) swallows a SIGTERM that comes before the Supervisor's handlers replace it.
+    # Before: the chief's one SIGTERM was lost and the group trained on to the grace's SIGKILL (exit 1: every
+    # step since the restore lost); now it is sent again every stop_resend_secs, as to the group's workers
+    sim = group(2, stop_grace_secs=30.0)
+    sim.tick(1.0)
+    sim.notices(W1)
+    sim.tick(0.01)
+    sim.reaps(W1, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    assert of(sim.tick(0.01), Restart)
+    sim.tick(0.01)  # the next group is spawned (its chief starting: no Hello, no step yet)
+    chief = sim.member(TRAINER)
+    assert chief.attempt == 2 and chief.state == ProcState.STARTING
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 30.0)
+    assert of(sim.tick(0.01), Signal) == [Signal(TRAINER, 2, signal.SIGTERM, Cause.STOP)]
+    resend = sim.limits.stop_resend_secs
+    assert not of(sim.tick(resend - 0.1), Signal)  # the first is given its time
+    assert of(sim.tick(0.1), Signal) == [Signal(TRAINER, 2, signal.SIGTERM, Cause.STOP)]
+    assert of(sim.tick(resend), Signal) == [Signal(TRAINER, 2, signal.SIGTERM, Cause.STOP)]
+    sim.reaps(TRAINER, 128 + signal.SIGTERM)  # (a lone trainer's is sent once: test_watchdog_decide)
+    assert not [a for a in of(sim.tick(resend), Signal) if a.slot == TRAINER]
+
+
+def test_a_worker_still_running_once_its_stopped_chief_ended_is_killed_after_the_group_grace_not_the_services():
+    # a promoted standby group still preparing when the stop came: its chief ended in its wait (exit 0, nothing
+    # to save), its worker went on waiting for the chief's restore pin, which never comes. Before: rule 11's
+    # SIGKILL after group_grace_secs was not applied once the run's outcome was decided, and the worker was
+    # killed only at the services' grace (seen: 30 s); now rule 6 gives it rule 11's grace
+    sim = group(2, stop_grace_secs=40.0)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 40.0)
+    assert of(sim.tick(0.01), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.reaps(TRAINER, 0)
+    acts = sim.tick(0.01) + sim.tick(0.01)
+    assert W1 in [a.slot for a in of(acts, Signal)], acts  # (rule 11's SIGTERM, or rule 6's: whichever came first)
+    assert [f.run for f in of(acts, Finish)] == [RunState.STOPPED]
+    assert not of(sim.tick(0.3), Kill)
+    assert of(sim.tick(0.3), Kill) == [Kill(W1, 1, Cause.SHUTDOWN)]  # past group_grace_secs (0.5)
+
+
 def test_a_standby_group_member_failing_its_shadow_run_while_the_run_finishes_is_not_a_stopping_failure():
     # a successful group run ends while its standby group runs the step on shadows: the standby chief,
     # its peers stopped, fails that run and exits EXIT_NO_SHADOW_RUN; the run's outcome is decided, and a
@@ -358,3 +401,97 @@ def test_a_standby_group_member_failing_its_shadow_run_while_the_run_finishes_is
     said = observe.reaped(sim.view, TRAINER, chief.attempt,
                           Failure(TRAINER, chief.attempt, chief.pid, 1, 0.0, "log", err), sim.now)
     assert [r.say for r in said if r.say and "while stopping" in r.say], said
+
+
+def test_members_silent_at_once_get_one_capture_of_their_stacks_and_none_other_while_it_is_taken():
+    """Issue 69: the group's members hang at once (one waits for the other in a collective): one
+    TakeStacks (it reads every member), for the first judged; while it is taken no member asks for
+    another nor is signalled; once it is back, that member is signalled and the group stops (rule 11)."""
+    sim = GroupSim(Limits(hang=HangLimits(5.0, 60.0, stacks_secs=8.0), nproc=2, hang_grace_secs=1.0))
+    sim.stacks_back = False
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    acts = sim.tick(5.5)
+    assert [a.slot for a in of(acts, TakeStacks)] == [TRAINER] and not of(acts, Signal)
+    assert not of(sim.tick(1.0), TakeStacks) and not of(sim.tick(1.0), Signal)
+    # they blame worker1 (in plain Python while the chief waits inside TensorFlow): it is the one signalled
+    observe.stacks_back(sim.view, TRAINER, 1, {TRAINER: "in quick_execute (execute.py:53)",
+                                               W1: "in Lock.acquire (w.py:3)"}, W1, "/l/trainer.1.stacks.txt")
+    acts = sim.tick(0.1)
+    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(W1, Cause.HANG)]
+    assert "at trainer, which waits for it" in of(acts, Signal)[0].reason
+    assert sim.member(W1).hang.where == "in Lock.acquire (w.py:3)" and sim.member(W1).hang.culprit == W1
+    assert sim.member(W1).hang.stacks == "/l/trainer.1.stacks.txt" and sim.member(W1).hang.cause
+    assert not of(sim.tick(0.1), TakeStacks) and not of(sim.tick(0.1), Signal)  # rule 11 stops the chief
+    sim.reaps(W1, -15, "")  # it ends of the SIGTERM; the chief is stopped with the group (rule 11) and ends
+    sim.tick(0.1)
+    sim.reaps(TRAINER, 1, "UnavailableError")
+    restart = of(sim.tick(0.1), Restart)
+    assert restart and sim.view.last_error is not None and sim.view.last_error.startswith("worker1 attempt 1")
+    assert "hang" in sim.view.last_error, sim.view.last_error
+
+
+def test_a_member_in_the_programs_marked_wait_leaves_its_quiet_peers_unjudged():
+    """The chief in ``with sv.waiting():`` (a remote service), worker1 quiet in a collective waiting for it:
+    neither is stuck (before: the worker, quiet, was judged stuck with its quiet peer)."""
+    sim = GroupSim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), nproc=2, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    observe.heard(sim.view, Progress(sim.member(TRAINER).pid, 1, 0.0, "waiting", True), sim.now)
+    for _ in range(30):
+        _looks(sim, TRAINER, 1.0)
+        sim.now -= 1.0
+        _looks(sim, W1, 1.0)
+        assert not of(sim.tick(), TakeStacks) and not of(sim.tick(), Signal)
+
+
+def test_a_restored_group_is_judged_before_its_first_step_only_once_every_member_restored():
+    """Issue 69, an attack: a group restored from step 49 hangs in its first step (a member deadlocked, the
+    other waiting in the step's collective): judged at --stuck-secs once both restored (before: left to
+    --startup-timeout, 1800 s); while worker1 still restores (waiting on the checkpoint service, quiet) the
+    chief, restored and waiting for it, is not judged."""
+    sim = GroupSim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), nproc=2, hang_grace_secs=1.0))
+    sim.tick()
+    c = sim.member(TRAINER)
+    observe.heard(sim.view, TrainerReady(c.pid, c.attempt, 49, "model.ckpt-49", 0.1, [], 1.0, None), sim.now)
+    for _ in range(20):  # worker1 restores for 20 s, quiet; the chief waits for it
+        _looks(sim, TRAINER, 1.0)
+        sim.now -= 1.0
+        _looks(sim, W1, 1.0)
+        assert not of(sim.tick(), TakeStacks), sim.now
+    w = sim.member(W1)
+    observe.heard(sim.view, TrainerReady(w.pid, w.attempt, 49, None, 0.1, [], None, None), sim.now)
+    for _ in range(10):  # then both quiet in the first step
+        _looks(sim, TRAINER, 1.0)
+        sim.now -= 1.0
+        _looks(sim, W1, 1.0)
+    (take,) = of(sim.tick(), TakeStacks)
+    assert take.reason.startswith("stuck for 10.0 s (--stuck-secs 10)") and "(its group's members too)" in take.reason
+
+
+def test_a_group_is_stuck_only_when_every_member_is_quiet():
+    """Issue 69 in a group: a member waiting in a collective while its peer computes (an evaluation of
+    a minute on the chief) is waiting, not stuck; once every member is quiet for --stuck-secs, one
+    capture is taken, then the member it blames is signalled."""
+    sim = GroupSim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), nproc=2, hang_grace_secs=1.0))
+    sim.tick()
+    sim.group_ready()
+    sim.group_progress(1)
+    for _ in range(60):  # a minute: the chief computes, worker1 waits for it, quiet
+        _looks(sim, TRAINER, 1.0, cpu=0.9, woke=3)
+        sim.now -= 1.0
+        _looks(sim, W1, 1.0)
+        assert not of(sim.tick(), TakeStacks) and not of(sim.tick(), Signal)
+    for _ in range(10):  # then both quiet
+        _looks(sim, TRAINER, 1.0)
+        sim.now -= 1.0
+        _looks(sim, W1, 1.0)
+    acts = sim.tick()
+    assert [a.slot for a in of(acts, TakeStacks)] == [TRAINER]
+    assert "(its group's members too)" in of(acts, TakeStacks)[0].reason
+    sigs = of(acts, Signal) or of(sim.tick(), Signal)
+    assert sigs and sigs[0].stuck_for == 10.0, acts
+    # judged stuck: every member's next limit is twice this wait (any of them could have been judged first)
+    assert sim.member(TRAINER).hang.judged_max == sim.member(W1).hang.judged_max == 10.0

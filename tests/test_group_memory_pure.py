@@ -29,6 +29,21 @@ def test_the_newest_step_held_for_every_member_is_whole_not_the_newest_of_one_me
         held.whole(2, after=150)[2]
 
 
+def test_a_rollbacks_query_is_answered_the_newest_whole_step_before_the_rolled_back_one():
+    # a group started to roll back step 110 while a bound of 70 still holds (a checkpoint holding step 70's
+    # update on disk): before, the newest whole step (100) was answered, the chief found it "not before step
+    # 70" and passed over every copy, the whole copy of 50 too, restoring from disk (from step 0 if nothing)
+    held = GroupCopies()
+    for rank, step, attempt in ((0, 50, 1), (1, 50, 1), (0, 100, 2), (1, 100, 2)):
+        held.hold(copy(rank, step, attempt))
+    assert held.whole(2, after=-1, before=70) == (50, 1, "")
+    assert held.whole(2, after=-1, before=110) == (100, 2, "")
+    assert held.whole(2, after=-1, before=100) == (50, 1, "")  # (a copy of the rolled-back step holds its update)
+    assert held.whole(2, after=50, before=70) == \
+        (-1, 0, "none between the committed checkpoint of step 50 and step 70, which it rolls back")
+    assert held.whole(2, after=-1) == (100, 2, "")  # no rollback: the newest
+
+
 def test_a_step_is_whole_only_within_one_attempt_and_only_the_last_copies_of_a_member_are_kept():
     held = GroupCopies()
     held.hold(copy(0, 100, attempt=2))

@@ -122,6 +122,23 @@ def host_pids(ns: str = NS) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+@contextlib.contextmanager
+def packets_dropped(ns: str = NS, address: str = HOST1_IP) -> Iterator[float]:
+    """A silent host for the body of a ``with``: every packet between this namespace (node 0's) and ``ns``
+    (at ``address``) dropped, both ways, by blackhole routes in each (no FIN, no RST, no ICMP: as a cable
+    pulled, a switch gone or a host's power; this machine's kernel has no netem, and no iptables or nft tool);
+    yields the wall time the drops began. Its processes run on."""
+    ip("route", "add", "blackhole", f"{address}/32")
+    try:
+        ip("netns", "exec", ns, "ip", "route", "add", "blackhole", f"{MASTER_IP}/32")
+        try:
+            yield time.time()
+        finally:
+            ip("netns", "exec", ns, "ip", "route", "del", "blackhole", f"{MASTER_IP}/32", check=False)
+    finally:
+        ip("route", "del", "blackhole", f"{address}/32", check=False)
+
+
 def master_addr() -> str:
     return f"{MASTER_IP}:{random.randint(30000, 60000)}"
 
@@ -179,7 +196,7 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
     # 400 steps at 0.02 s (800 at 0.004 before): the host's kill at step 150 left up to 650 steps, each one of
     # both members, to run after the second agent's restore
     args = (*ARGS, "--steps", "400", "--step-delay", "0.02", *fast)
-    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # the host found lost 4 s after
+    opts = ("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4")  # (its agent's silence bound)
     master = launch(logdir, *args, opts=opts, target=PACED)
     port = free_port()  # node 1's probes, on its own address: as a kubelet probes a pod's IP
     first = agent(logdir, addr, *args, opts=("--metrics-port", str(port), "--metrics-host", "0.0.0.0"), target=PACED)
@@ -225,7 +242,11 @@ def test_a_group_over_two_hosts_keeps_node_0s_secret_waits_for_a_killed_host_to_
     assert [(r["node"], r["host"]) for r in joined] == [(1, HOST1_IP), (1, HOST1_IP)]
     lost = events(logdir, "node_lost")[0]
     assert lost["node"] == 1
-    assert lost["reason"] == f"its agent sent no heartbeat for {lost['silent_secs']:.1f} s (--node-timeout 4)"
+    # its host up (a namespace whose processes were killed): a probe's reset finds it, before --node-timeout 4
+    assert lost["reason"] == f"its agent sent no heartbeat for {lost['silent_secs']:.2f} s and its host answered a " \
+                             "probe with a reset (no agent listens on its probe port: the agent is gone; before " \
+                             "--node-timeout 4)", lost
+    assert lost["silent_secs"] < 2.0, lost
     assert f"procsv: node 1 ({HOST1_IP}) is lost: {lost['reason']}; its trainers count as dead" in err
     assert len(events(logdir, "restarting")) == 1
     spawned = {(r["role"], r["attempt"], r["via"]) for r in events(logdir, "spawned") if r["role"] == "worker1"}
@@ -457,7 +478,7 @@ def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
 def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(hosts, logdir):
     """SIGTERM reaches node 0 and, at the same moment, node 1's agent dies (a scheduler ending the
     whole job kills hosts too). Its members die with it, and no agent is left to report them: node 0
-    finds the host lost after --node-timeout and ends. Before: rule 12 decided nothing once the run
+    finds the host lost (at once: its probe port's reset; else after --node-timeout) and ends. Before: rule 12 decided nothing once the run
     was finishing, and node 0 waited for the lost host's members for ever."""
     addr = master_addr()
     args = (*ARGS, "--steps", "1000000")
@@ -658,7 +679,8 @@ def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoi
         hosts, logdir, tmp_path):
     """``--rejoin-timeout 2`` under ``--node-timeout 3``: a second agent for node 1, started while the
     first holds it, is refused; the first (and its member) is then SIGKILLed; node 0 finds it lost after
-    3 s and the second agent's claim wins. Before: a refusal did not count as hearing from node 0, so the
+    3 s (the first agent has no probe port, ``agent:no_probe_port``: else its host's reset finds it at once) and
+    the second agent's claim wins. Before: a refusal did not count as hearing from node 0, so the
     second agent gave up after 2 s (`the master did not come back within --rejoin-timeout 2 s`), and node 0
     failed the run 2 s after finding the host lost. Now it asks for twice node 0's timeout and the job ends 0."""
     from hosts_helpers import PACED, paced, unpace
@@ -672,7 +694,8 @@ def test_an_agent_refused_until_its_predecessor_is_found_lost_waits_past_a_rejoi
             "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, target=PACED)
     # (each host's launch has the job's flags)
-    first = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"), target=PACED)
+    first = agent(logdir, addr, *args, opts=("--rejoin-timeout", "2"), target=PACED,
+                  env=quiet_env(PROCSV_FAULT="agent:no_probe_port"))
     second: Optional[subprocess.Popen[str]] = None
     try:
         wait_for(lambda: events(logdir, "checkpoint_committed"), 120, what="a commit of the group of two")

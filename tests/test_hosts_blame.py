@@ -6,7 +6,8 @@ node 0's watchdog before node 1's agent's report of the kill. The records (``res
 that was killed, not the chief's collective error. Hosts as in tests/test_hosts.py (network
 namespaces; needs root). The case where node 1's report reaches node 0 is one of the things of
 ``test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_kills_and_reaps_what_it_left_behind``
-in tests/test_hosts.py (one run for it and the agent's reaping).
+in tests/test_hosts.py (one run for it and the agent's reaping). And a member of node 1 SIGSTOPped: its
+agent reads its stacks for node 0, which blames it (issue 69), and ``procsv stacks`` reads it live.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any, Optional
 
 import pytest
 
-from conftest import finish, launch, quiet_env, raw_status, wait_for
+from conftest import finish, launch, quiet_env, raw_status, run_python, wait_for
 from procsv.common import env
 from procsv.common.layout import Layout
 from procsv.report import gather
 from procsv.status import read_status
-from test_hosts import HOST1_IP, PACED, agent, events, host_pids, hosts, master_addr, named_cause  # noqa: F401 (hosts: the fixture)
+from test_hosts import HOST1_IP, MASTER_IP, PACED, agent, end_job, events, host_pids, hosts, master_addr, named_cause  # noqa: F401 (hosts: the fixture)
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -76,3 +78,46 @@ def test_a_host_lost_after_the_chiefs_collective_failure_is_named_the_groups_bre
     rep = gather(Layout(logdir))
     assert rep is not None and rep.restarts[0].label == "host lost" and rep.restarts[0].cause.startswith(truth), rep
     assert f"procsv: {truth}" in err, err
+
+
+def test_a_sigstopped_member_of_node_1_is_read_by_its_agent_live_and_before_the_kill_and_blamed(hosts, logdir):
+    """Issue 69 over hosts. ``procsv stacks`` on node 0's host prints node 1's member (worker1) as its agent
+    read it, naming its host (its waits bounded by 2 s; the call's wall time, its interpreter forked, under 3 s at load). Then
+    worker1 is SIGSTOPped: the group is hung (--hang-timeout 3: a stopped process is left to it), and
+    before the kill node 0's watchdog asks node 1's agent for worker1's stacks: the one file holds every
+    member's section, each naming its host, worker1's read stopped; the stacks blame worker1, which is
+    the one signalled, and the group restarts. Before: worker1's section was missing ("not on this
+    host"), nothing was blamed, and ``procsv stacks`` said it was "not read from here"."""
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4",
+                                         "--group-grace-secs", "0", "--hang-timeout", "3", "--hang-grace-secs", "1"))
+    node1 = agent(logdir, addr, *args)
+    code: Optional[int] = None
+    try:
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 30, 180, what="step 30")
+        member = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "worker1")
+        chief = next(p["pid"] for p in raw_status(logdir)["processes"] if p["role"] == "trainer")
+        began = time.monotonic()
+        live = run_python(["-m", "procsv", "stacks", logdir], env=quiet_env(), timeout=60)
+        took = time.monotonic() - began
+        print(f"STACKS procsv stacks over two hosts took {took:.2f} s", file=sys.stderr)
+        assert live.returncode == 0, (live.stdout, live.stderr)
+        assert f"\nworker1 (pid {member} on host {HOST1_IP}): in " in live.stdout, live.stdout
+        assert f"trainer (pid {chief}): in " in live.stdout and "'MainThread'" in live.stdout, live.stdout
+        assert took < 3.0, took  # (its own waits are bounded by 2 s; its start and a loaded machine besides: 0.2-0.3 s here)
+        os.kill(member, signal.SIGSTOP)
+        wait_for(lambda: len(events(logdir, "first_step")) >= 2, 120, what="the restarted group's first step")
+        master.send_signal(signal.SIGTERM)
+        code, out, err = finish(master, timeout=120)
+    finally:
+        acode, aerr = end_job(master, node1, code)
+    assert code == 143 and acode == 143, (err, aerr)
+    (hang,) = events(logdir, "hang_detected")
+    assert hang["pid"] == member and hang["culprit"] == "worker1", hang
+    with open(hang["stacks"]) as f:
+        text = f.read()
+    assert f"\nworker1 (pid {member} on host {HOST1_IP}, stopped): in " in text, text
+    assert f"\ntrainer (pid {chief} on host {MASTER_IP}): in " in text, text
+    assert "the stacks blame worker1" in text and "are missing" not in text, text
+    assert "the stacks blame worker1" in err, err

@@ -1,6 +1,6 @@
 """An elastic group over two hosts (``--nnodes 2 --min-nodes 1``, issue 55): network namespaces as in
-``test_hosts.py``. Node 1's whole host is SIGKILLed: past ``--rejoin-timeout`` the group restarts on
-node 0 alone and trains on; a new agent on node 1 is taken back at the next checkpoint; the run
+``test_hosts.py``. Node 1's whole host is SIGKILLed: once it is found lost the group restarts on
+node 0 alone and trains on (at once: issue 70; before, past ``--rejoin-timeout``); a new agent on node 1 is taken back at the next checkpoint; the run
 finishes with exit 0 on both hosts. The program is ``procsv.examples.elastic_digits``: from its members'
 sample logs every sample of an epoch was consumed once across the changes, and its final weights equal,
 bit for bit, a plain ``MultiWorkerMirroredStrategy`` run that changes its ``TF_CONFIG`` at the same steps.

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import signal
 
+import psutil
 import pytest
 
-from conftest import quiet_env, role_pid, wait_for, wait_role_pid
-from hosts_helpers import PACED, paced, two_hosts_ending_well
+from conftest import finish, launch, quiet_env, role_pid, wait_for, wait_role_pid
+from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
 from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
                         restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
@@ -118,3 +119,65 @@ def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
     assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
     assert restores_with_plain_tf(logdir) == 450
+
+
+def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_replica_bit_equal(
+        hosts, logdir, tmp_path, clean_group):
+    # issue 70, "the master is a host too": node 0's launch SIGKILLed with everything under it (its watchdog,
+    # its checkpoint service and the group's chief) mid-interval, long after the last disk save (none before
+    # the end), then started again with the same command. Node 1's agent finds its master gone within 0.5 s
+    # (its address refuses the probes: the launch is gone; before, --node-timeout), stops worker1, keeps its
+    # holder's replica of every copy, joins the relaunched master, and the holder hands the copies back to
+    # the new checkpoint service. The relaunched group restores both members' copies of the newest step whole
+    # from memory (before: a launch's first group never asked, and restored from disk: step 0 here), and the
+    # run ends bit-equal to an uninterrupted group. (~25 CPU-s: one more launch of node 0 and its group)
+    gate, fast = paced(tmp_path)  # (paced until the relaunched group's first step, then at once)
+    args = (*SLOW, "--steps", CLEAN_STEPS, *fast)
+    master, agent, addr = two_hosts(logdir, *args, target=PACED)
+    again = None
+    try:
+        group_started(logdir, 1)
+        seen = sigkill_mid_interval_of(logdir, master.pid, K + 10)
+        master.communicate()
+        again = launch(logdir, *args, opts=("--nproc", "1", "--nnodes", "2", "--master-addr", addr, "--node-timeout",
+                                            "4", "--group-grace-secs", "0"), target=PACED)
+        record = wait_for(lambda: events(logdir, "restored"), 120, what="the relaunched group's restore")[0]
+        unpace(gate)
+        code, out, err = finish(again)
+    finally:
+        unpace(gate)
+        for proc in (master, again):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    acode, aout, aerr = finish(agent, timeout=30)
+    assert code == 0, err
+    assert acode == 0, aerr
+    # worker1 left the stale group: its agent stopped it once node 0 was found lost (its address refusing the
+    # probes), or, on a quiet machine, its own collective failed first on the chief's reset connection (a SIGKILLed
+    # launch's sockets close at once: "Collective ops is aborted by: recvmsg:Connection reset by peer"); a silent
+    # master host, where none closes, is the agent's alone to find (tests/test_master_loss_pure.py, bench_host_loss)
+    stopped = "node 0 is lost" in aerr and "stopping this host's trainers" in aerr
+    failed_itself = os.path.exists(os.path.join(logdir, "logs", "launch-1", "worker1.1.error.json"))
+    assert stopped or failed_itself, aerr
+    restored_from_memory(logdir, 1, record, seen)
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        assert "restores from disk" not in fh.read()
+    assert_bit_equal(logdir, clean_group)
+
+
+def sigkill_mid_interval_of(logdir: str, pid: int, after: int) -> int:
+    """SIGKILL the process ``pid`` and every process under it (node 0's launch: its watchdog, services, chief,
+    standbys) once worker1's log shows a step past ``after`` mid-interval (:func:`sigkill_mid_interval`); the
+    step seen."""
+    def seen() -> int:
+        steps = printed_steps(logdir, "worker1.1")
+        return steps[-1] if steps and steps[-1] >= after and 10 <= steps[-1] % K <= 25 else 0
+
+    step = wait_for(seen, 180, interval=0.02, what=f"worker1 past step {after}, mid-interval")
+    top = psutil.Process(pid)
+    for p in [top, *top.children(recursive=True)]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return int(step)

@@ -469,3 +469,120 @@ def test_a_member_started_already_is_said_started_again_when_asked_again_and_nod
     assert link.signals == [] and view.children["worker1"].pid == 4242
     remote.started(1, "worker1", 2, 4100)  # a stale attempt's start: killed, as before
     assert [(s.slot, s.attempt, s.kill) for s in link.signals] == [("worker1", 2, True)]
+
+
+def test_an_ask_of_the_other_hosts_stacks_names_each_host_that_did_not_answer_and_why():
+    """Issue 69: node 0's ask of its agents for their members' stacks (pure: a link that sends to node 1
+    only). Node 1 answers for one of its two members; node 2 is not connected; node 3 never answers. By
+    the deadline: node 1's member read as its agent read it, its other member "has no live" (the agent
+    answered without it), and one line for each host whose stacks are missing, with why."""
+    from procsv.ipc.stack_messages import ProcessStacks, StacksAsked, StacksTaken
+    from procsv.watchdog.multihost.stackasks import StackAsks
+
+    sent: list[tuple[int, StacksAsked]] = []
+
+    class Link:
+        def send(self, node: int, msg: StacksAsked) -> bool:
+            sent.append((node, msg))
+            return node != 2
+
+    now = [100.0]
+    asks = StackAsks(Link(), lambda: now[0])  # type: ignore[arg-type]
+    ask = asks.ask({1: ("10.0.0.2", [("worker1", 11), ("worker2", 12)]), 2: ("10.0.0.3", [("worker3", 13)]),
+                    3: ("10.0.0.4", [("worker4", 14)])}, False, 9.5)
+    assert [(n, m.slots, m.timeout) for n, m in sent] == [(1, ["worker1", "worker2"], 8.5), (2, ["worker3"], 8.5),
+                                                          (3, ["worker4"], 8.5)]
+    asks.answered(1, StacksTaken(sent[0][1].ask, 1, ProcessStacks("worker1", 11, host="10.0.0.2", stopped=True)))
+    assert not ask.ready(now[0] + 9.0) and ask.ready(now[0] + 9.5)
+    procs, missing = ask.wait(0.0)
+    assert [(p.role, p.stopped, p.error) for p in procs] == [
+        ("worker1", True, ""),
+        ("worker2", False, "node 1's agent (10.0.0.2) has no live worker2 (pid 12)"),
+        ("worker3", False, "node 2's agent (10.0.0.3) is not connected: its stacks were not asked for"),
+        ("worker4", False, "node 3's agent (10.0.0.4) did not answer within 9.5 s")]
+    assert missing == ["the stacks of node 2 (10.0.0.3) are missing: node 2's agent (10.0.0.3) is not connected: "
+                       "its stacks were not asked for",
+                       "the stacks of node 3 (10.0.0.4) are missing: node 3's agent (10.0.0.4) did not answer within 9.5 s"]
+    assert all(p.host for p in procs)
+
+
+def test_procsv_stacks_names_every_member_of_another_host_no_agent_answered_for():
+    """Issue 69, an attack: after node 1 was found lost, node 0 asked no agent (no member it thinks alive) and
+    procsv stacks printed nothing and exited 0, while status.json still listed worker1; it is named now."""
+    from procsv.stacks_command import unanswered
+
+    away = [{"role": "worker1", "host": "10.0.0.2"}, {"role": "worker2", "host": "10.0.0.3"},
+            {"role": "worker3", "host": "10.0.0.4"}]
+    lines = unanswered(away, read={"worker2"}, missing=["node 3's agent did not answer for worker3 within 1.5 s"])
+    assert lines == ["worker1 on host 10.0.0.2: no stacks came back for it (its host may be lost, or it is restarting)"]
+    assert unanswered(away[:1], read=set(), missing=[]) and not unanswered(away[:1], read={"worker1"}, missing=[])
+
+
+def test_a_group_over_hosts_is_judged_stuck_from_its_agents_looks_at_its_member():
+    """Issue 69 over hosts: node 1's agent looks at worker1 from its host's /proc once a second and tells node 0
+    (MemberLooked): the chief and worker1 quiet for --stuck-secs is a stuck group, as on one host. Before, no
+    look of a member on another host ever came, and the stuck rule judged no member of such a group, the chief
+    on node 0 included: --hang-timeout (600 s) alone."""
+    from procsv.ipc.messages import MemberLooked
+    from procsv.watchdog.rules.actions import TakeStacks
+    from procsv.watchdog.rules.hang import hang_actions
+    from procsv.watchdog.rules.state import Activity
+
+    limits = HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0)
+    judged = {}
+    for looks in (False, True):
+        view = group_view(2)
+        for i in range(13):
+            observe.looked_at(view, TRAINER, 1, Activity(3.0 + i, 1.0, 1000, 50, "S", "futex", 0.0, 0), limits)
+            if looks:
+                observe.member_looked(view, MemberLooked("worker1", 1, 2.0, 2000, 60, "S", "futex", 0.0, 0), 3.0 + i,
+                                      limits)
+        judged[looks] = hang_actions(view, view.children[TRAINER], 15.0, limits)
+    assert judged[False] == []
+    (take,) = judged[True]
+    assert isinstance(take, TakeStacks) and take.reason.startswith("stuck for 12.0 s (--stuck-secs 10)") and \
+        "(its group's members too)" in take.reason, take
+
+
+def test_a_node_agent_looks_at_each_live_member_once_a_second_and_tells_node_0():
+    """The agent's side: a real member process read from /proc, a MemberLooked sent down a real socket, at most
+    once a second; none for a member that ended."""
+    import subprocess
+    import types
+
+    from procsv.ipc.codec import decode
+    from procsv.ipc.messages import MemberLooked
+    from procsv.ipc.transport import recv
+    from procsv.watchdog.children import ChildProcess
+
+    proc = subprocess.Popen(["sleep", "60"])
+    zctx: "zmq.Context[Any]" = zmq.Context()
+    out, into = zctx.socket(zmq.PAIR), zctx.socket(zmq.PAIR)
+    try:
+        out.bind("inproc://looks")
+        into.connect("inproc://looks")
+        member = ChildProcess("worker1", "worker1", 2, proc, os.devnull)
+
+        def asleep() -> bool:  # (a loaded machine: its exec may still be running)
+            with open(f"/proc/{proc.pid}/stat") as fh:
+                return fh.read().rpartition(")")[2].split()[0] == "S"
+
+        wait_for(asleep, 30, what="the member asleep")
+        fake = types.SimpleNamespace(members={"worker1.2": member})
+        for at in (100.0, 100.5, 101.2):  # a look, none within the second, another
+            NodeAgent._look(fake, out, at)  # type: ignore[arg-type]
+        got = [decode(recv(into, 1000), frozenset({MemberLooked}))[0] for _ in range(2)]
+        assert all(isinstance(m, MemberLooked) and m.slot == "worker1" and m.attempt == 2 and m.state == "S"
+                   for m in got), got
+        assert not into.poll(100)
+        proc.kill()
+        proc.wait()
+        NodeAgent._look(fake, out, 105.0)
+        assert not into.poll(100)  # (ended: not looked at)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close(0)
+        into.close(0)
+        zctx.term()

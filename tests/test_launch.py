@@ -167,7 +167,7 @@ def test_sigkill_of_the_watchdog_takes_every_process_of_the_run_along(logdir):
         assert f"restored step {saved[-1]} " in out
 
 
-def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes_and_procsv_stop_saves_the_last_step(
+def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes_stacks_reads_them_live_and_procsv_stop_saves_the_last_step(
         logdir):
     """One live run for all of these (the default hot standby: a fifth process, never listed among
     the processes of ``status.json``; tests/test_standby.py):
@@ -200,6 +200,19 @@ def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes
         human = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=30)
         assert human.returncode == 0 and "running" in human.stdout and "trainer" in human.stdout
         assert len(run_processes(logdir)) >= 4
+        # `procsv stacks`: the live trainer's threads, its main thread in the example's training loop,
+        # read without stopping it (the run trains on after it)
+        stacks = run_python(["-m", "procsv", "stacks", logdir], env=quiet_env(), timeout=60)
+        assert stacks.returncode == 0, stacks.stderr
+        head = stacks.stdout.splitlines()[0]
+        assert head.startswith(f"trainer (pid {roles['trainer']['pid']}): in "), stacks.stdout
+        assert "(digits.py:" in stacks.stdout and "'MainThread'" in stacks.stdout, stacks.stdout
+        assert all(role not in stacks.stdout for role in ("checkpoint (pid", "summary (pid", "watchdog (pid"))
+        read = json.loads(run_python(["-m", "procsv", "stacks", logdir, "--all", "--json"], env=quiet_env(),
+                                     timeout=60).stdout)
+        assert {p["role"] for p in read["processes"]} == set(roles) and not any(p["error"] for p in read["processes"])
+        at = (raw_status(logdir) or {}).get("step", 0)
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > at, 30, what="training to go on after the stacks")
         out = run_python(["-m", "procsv", "stop", logdir], env=quiet_env(), timeout=200)
         stop_asked = True
         assert out.returncode == 0, out.stderr
@@ -217,6 +230,8 @@ def test_a_second_launch_on_a_live_logdir_is_refused_status_lists_four_processes
     assert any(e["event"] == "preempted" for e in lifecycle(logdir))
     again = run_python(["-m", "procsv", "stop", logdir], env=quiet_env(), timeout=60)
     assert again.returncode == 2 and "no live procsv run" in again.stderr
+    stacks = run_python(["-m", "procsv", "stacks", logdir], env=quiet_env(), timeout=60)
+    assert stacks.returncode == 2 and "no live procsv run" in stacks.stderr
     saved = st["step"]  # a later launch resumes from exactly that step
     code, out, err = finish(launch(logdir, "--steps", str(saved + 30), opts=("--standby", "fork")))  # restarts nothing
     assert code == 0, err

@@ -11,14 +11,14 @@ import signal
 
 from procsv.ipc.messages import NodeHello, Progress
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import Cause, Kill, Restart, Spawn, StopFailing
+from procsv.watchdog.rules.actions import Cause, Kill, Restart, Signal, Spawn, StopFailing
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.rules.hang import HangLimits
 from procsv.watchdog.rules.hosts import host_actions
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.rules.membership import next_nodes, ranks_of, take_back
+from procsv.watchdog.rules.membership import FLAP_WINDOW, hold_down, next_nodes, ranks_of, take_back
 from procsv.watchdog.rules.state import TRAINER, WORKER, RunView
 
 REJOIN = 30.0
@@ -55,20 +55,122 @@ def test_without_min_nodes_a_host_past_its_rejoin_timeout_stops_the_run_and_the_
                                         f"{REJOIN:g} s"]
 
 
-def test_with_min_nodes_the_next_group_waits_out_the_rejoin_timeout_then_starts_on_the_hosts_left_with_dense_ranks():
+def test_with_min_nodes_a_host_found_lost_is_not_waited_for_the_next_group_starts_at_once_on_the_hosts_left():
+    """Issue 70: a host is found lost within 0.5 s of its silence and a slow one is not found lost, so a lost host
+    is taken to be gone: the next group starts on the hosts left as soon as it is found lost, ranks dense. Before,
+    it waited out --rejoin-timeout (300 s by default) first, the hosts left idle."""
     lim = limits(min_nodes=2)
     view = RunView(launch_start=0.0)
     hello(view, 1, 1.0)
     hello(view, 2, 1.0)
     assert next_nodes(view, 2.0, lim) == (0, 1, 2)
+    hello(view, 2, 10.0)  # node 2 beats on
     lose(view, 1, 10.0, lim)
-    hello(view, 2, 10.0 + REJOIN)  # node 2 beats on
-    assert next_nodes(view, 10.0 + REJOIN, lim) is None  # still waited for
+    assert next_nodes(view, 10.0, lim) == (0, 2)  # at once, not past 10 + REJOIN
+    hello(view, 2, 10.0 + REJOIN + 1)
     assert not [a for a in host_actions(view, 10.0 + REJOIN + 1, lim) if isinstance(a, StopFailing)]
-    assert next_nodes(view, 10.0 + REJOIN + 1, lim) == (0, 2)
     assert ranks_of((0, 2), 2, 4) == [4, 5, 6, 7]  # node 2 takes the ranks after node 0's: none is left empty
     hello(view, 1, 50.0)  # back: in the next group again
     assert next_nodes(view, 51.0, lim) == (0, 1, 2)
+
+
+def test_with_min_nodes_fewer_hosts_connected_than_k_wait_for_one_back_and_the_run_stops_past_the_rejoin_timeout():
+    lim = limits(min_nodes=2)
+    view = RunView(launch_start=0.0)
+    hello(view, 1, 1.0)
+    hello(view, 2, 10.0)
+    lose(view, 1, 10.0, lim)
+    lose(view, 2, 11.0, lim)
+    assert next_nodes(view, 11.0, lim) is None  # node 0 alone is fewer than --min-nodes 2: wait
+    assert not [a for a in host_actions(view, 10.0 + REJOIN, lim) if isinstance(a, StopFailing)]
+    hello(view, 2, 20.0)  # one back within --rejoin-timeout: the group starts on two
+    assert next_nodes(view, 20.0, lim) == (0, 2)
+    hello(view, 2, 30.0)
+    lose(view, 2, 30.0, lim)
+    stop = [a for a in host_actions(view, 30.0 + REJOIN + 1, lim) if isinstance(a, StopFailing)]
+    assert len(stop) == 1 and stop[0].reason.endswith("1 of 3 hosts left, fewer than --min-nodes 2")
+
+
+def rounds(view: RunView, start: float, end: float, lim: Limits, step: float = 0.05) -> list[tuple[float, Spawn]]:
+    """Drive ``decide`` every ``step`` s from ``start`` to ``end`` as the watchdog does (each action noted; a
+    trainer signalled or killed is reaped in the same round); the trainer Spawns and when they came."""
+    spawns: list[tuple[float, Spawn]] = []
+    now = start
+    while now <= end + 1e-9:
+        for a in decide(view, now, lim, 0.0):
+            note(view, a, now, lim)
+            if isinstance(a, Spawn) and a.role == TRAINER:
+                spawns.append((now, a))
+                attempt = view.history.restarts + view.not_restarts() + 1
+                observe.spawned(view, TRAINER, TRAINER, attempt, 100 + attempt, now, "fresh")
+                for rank, node in enumerate(a.nodes[1:], start=1):
+                    observe.spawned(view, f"worker{rank}", WORKER, attempt, 200 + attempt, now, f"node{node}")
+                    view.children[f"worker{rank}"].node = node
+            elif isinstance(a, (Kill, Signal)) and a.slot == TRAINER:
+                c = view.children[TRAINER]
+                observe.reaped(view, TRAINER, c.attempt, Failure(TRAINER, c.attempt, c.pid, -signal.SIGKILL, 0.0, ""),
+                               now)
+        now = round(now + step, 6)
+    return spawns
+
+
+def test_with_min_nodes_the_smaller_group_is_spawned_in_the_rounds_after_its_lost_host_is_found_lost():
+    """The rounds: the loss (its member dead), the chief's stop and reaping, the restart, the spawn."""
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0, 1), 1.0)
+    view.nodes[1].last_beat = 50.0 - lim.node_timeout - 0.01  # silent: found lost at 50.0
+    spawns = rounds(view, 50.0, 52.0, lim)
+    assert view.nodes[1].lost_at is not None and view.nodes[1].lost_at <= 50.0 + 1e-9
+    assert [s.nodes for _, s in spawns] == [(0,)] and spawns[0][0] - 50.0 <= 0.2, spawns
+
+
+def test_without_min_nodes_the_group_of_every_host_is_spawned_in_the_round_its_lost_host_says_hello_again():
+    """Issue 70: once the lost host's agent is back (its hello), the group of every host starts at once
+    (its first step within 1 s of the hello: bench_host_loss.py)."""
+    lim = limits(nnodes=2)
+    view = running_group(lim, (0, 1), 1.0)
+    view.nodes[1].last_beat = 50.0 - lim.node_timeout - 0.01
+    assert rounds(view, 50.0, 60.0, lim) == []  # waits for it
+    hello(view, 1, 60.02)
+    assert [(round(t, 3), s.nodes) for t, s in rounds(view, 60.05, 62.0, lim)] == [(60.05, (0, 1))]
+
+
+def test_a_flapping_host_must_stay_connected_longer_after_each_loss_before_a_group_starts_on_it_again():
+    """A host lost and back every few seconds: each loss breaks the group and each take-back (or, without
+    --min-nodes, each return) starts it again, so the group would restart twice a flap for as long as the
+    host flaps (progress in between forgives each failure). Its first loss holds nothing; after that it must
+    stay connected for the restart policy's backoff (1, 2, 4 ... 30 s) before it is in a group again."""
+    for lim in (limits(min_nodes=1, nnodes=2), limits(nnodes=2)):
+        view = RunView(launch_start=0.0)
+        hello(view, 1, 1.0)
+        now = 10.0
+        for flap, hold in enumerate((0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0)):
+            lose(view, 1, now, lim)
+            hello(view, 1, now + 2.0)  # back 2 s later
+            assert hold_down(view, 1, now + 2.0, lim) == hold, flap
+            want = (0,) if lim.elastic else None  # held: not in the next group yet
+            if hold:
+                assert next_nodes(view, now + 2.0 + hold - 0.01, lim) == want, flap
+            assert next_nodes(view, now + 2.0 + hold, lim) == (0, 1), flap
+            now += 3.0
+        assert hold_down(view, 1, now + FLAP_WINDOW + 1.0, lim) == 0.0  # losses out of the window are forgiven
+
+
+def test_a_flapping_host_is_taken_back_only_at_a_commit_after_its_hold_down():
+    lim = limits(min_nodes=1, nnodes=2)
+    view = running_group(lim, (0,), REJOIN + 1)
+    hello(view, 1, 40.0)
+    lose(view, 1, 41.0, lim)
+    hello(view, 1, 42.0)
+    lose(view, 1, 43.0, lim)
+    hello(view, 1, 44.0)
+    lose(view, 1, 45.0, lim)
+    hello(view, 1, 46.0)  # third loss: held 2 s, to 48.0
+    view.last_commit_at = 47.0
+    assert take_back(view, 47.5, lim) == []
+    assert take_back(view, 48.5, lim) == []  # the commit came before the hold-down's end
+    view.last_commit_at = 48.6
+    assert [a.cause for a in take_back(view, 48.6, lim)] == [Cause.REGROUP]
 
 
 def test_fewer_hosts_left_than_min_nodes_stop_the_run_and_say_how_many_are_left():

@@ -159,7 +159,10 @@ def _attempt(n: int, **kw: Any) -> ChildView:
     for k, v in kw.items():  # (exit_code: a failure with that code, unless one is given)
         if k == "exit_code":
             k, v = "failure", kw.get("failure") or Failure("trainer", n, 100 + n, v, 0.0, "/x.log")
-        setattr(c, k, v)
+        if k == "hang_cause":
+            c.hang.cause = v
+        else:
+            setattr(c, k, v)
     return c
 
 

@@ -107,6 +107,12 @@ def test_a_nan_in_one_workers_batch_at_a_group_snapshot_step_rolls_the_group_bac
     assert [r.get("rollback_step") for r in events(logdir, "restarting")] == [70, 100, 120], err
     said = rollback_lines(err)
     assert len(said) == 3 and "worker1 (pid" in said[1] and "found the loss of step 100 non-finite" in said[1], said
+    # the fallback: the group's verdict at 100 found it, but the members restarted for 70 hold no copy of a step before
+    # 100 of their own (their state came from the service's copies of 50): not in place, the group's restart
+    assert not events(logdir, "rolled_back"), err
+    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+        assert "not rolled back in place (no in-memory copy of one step before step 100 is held by every member" \
+            in fh.read()
     assert_bit_equal(logdir, local_nan_skipping_70_100_and_120)
 
 

@@ -388,6 +388,44 @@ def test_a_second_rollback_while_the_first_bound_holds_keeps_restoring_before_th
     assert sim2.view.rollback_before is not None and sim2.view.rollback_before[0] == 65
 
 
+def second_rollback(first_commit: int) -> tuple[int, int, int] | None:
+    """A group (whose attempt 1 committed ``first_commit``, 0: nothing) rolls back step 70; attempt 2, restored
+    before it, skips it, trains on and takes only in-memory snapshots (no commit: nothing ends the bound), then
+    rolls back step 110: the bound that attempt 3 is started with."""
+    sim = group(2)
+    sim.tick(1.0)
+    if first_commit:
+        observe.heard(sim.view, SaveResult(first_commit, "steps", True, f"model.ckpt-{first_commit}", None, 0.1,
+                                           attempt=1), sim.now)
+    reports(sim, TRAINER, 70)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [70]
+    assert of(sim.tick(0.01), Spawn) == [Spawn(TRAINER, TRAINER)]
+    sim.group_ready(50)
+    sim.group_progress(105)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 110)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
+    sim.reaps(W1, 1, "UnavailableError")
+    assert [r.skip for r in of(sim.tick(0.01), Restart)] == [110]
+    assert sim.view.skipped_steps == [70, 110]
+    return sim.view.rollback_before
+
+
+def test_a_second_rollback_whose_first_bound_keeps_no_checkpoint_out_is_bounded_by_its_own_step():
+    # found merging tests: a group of in-memory snapshots (no checkpoint on disk but the final one), NaNs at
+    # 70 and 110, the restart path. The first bound (70) never ended (the group after it commits nothing to
+    # disk) and the second rollback kept it: attempt 3's chief passed over the group's snapshot of step 100
+    # ("not before step 70") and, nothing committed, started again from step 0, losing 100 steps. Nothing
+    # the rolled-back timeline committed holds step 70's update (nothing at or after 70): the second
+    # rollback's bound is its own step
+    assert second_rollback(0) == (110, 50, 2)  # (50: the step attempt 2 restored, from memory)
+    assert second_rollback(60) == (110, 60, 2)  # attempt 1's step 60 is before 70: it holds nothing of it
+    # attempt 1's checkpoint of step 90 holds step 70's update, not rewritten yet: the first bound still keeps it out
+    assert second_rollback(90) == (70, 90, 2)
+
+
 def test_the_watchdog_reads_the_steps_earlier_launches_skipped_once_at_its_start(tmp_path):
     # issue 52's "a skipped step stays skipped" across a relaunch into the same logdir: the trainer read
     # the step_skipped records of logs/lifecycle.jsonl itself; now the watchdog reads them once, before
@@ -452,6 +490,25 @@ def test_a_restore_for_a_rollback_with_only_checkpoints_past_its_bound_stops_wit
     assert err == [f"procsv: {raised.value}"] and "rolls back step 70" in err[0], err
     with retiring(layout) as held:  # (an exclusive lock: no restore holds its shared one)
         assert held
+
+
+def test_a_restore_for_a_rollback_with_nothing_committed_initializes_and_says_so_in_one_line(tmp_path, capsys):
+    """Nothing committed and no in-memory snapshot before B: the initial state is the newest before it, and
+    the group trains again from step 0, saying so in one line (before: silently, as a group with a stale
+    bound did after its second rollback, 100 steps lost unsaid); no rollback, nothing said."""
+    layout = Layout(str(tmp_path))
+    for before in (70, None):
+        inits: list[bool] = []
+        restore_at_start.restore_or_init(None, None, layout, lambda: inits.append(True), allow_reinit=False,
+                                         read_retry=restore.ReadRetry(), clock=lambda: 0.0, sleep=lambda s: None,
+                                         before=before)
+        assert inits == [True]
+        err = capsys.readouterr().err.splitlines()
+        if before is None:
+            assert err == [], err
+        else:
+            assert err == ["procsv: the trainer group rolls back step 70: no checkpoint is committed and no in-memory "
+                           "snapshot before step 70 is held; training again from step 0, the newest state before it"], err
 
 
 def test_a_group_whose_rollback_refused_is_given_up_as_diverging_not_restarted():
@@ -580,7 +637,7 @@ def test_members_that_both_stop_on_the_same_steps_nan_give_the_run_up_by_the_chi
     if worker_first:  # the chief is stopped (SIGTERM): said without a restart that never comes
         signals = [a for a in of(acts, Signal) if a.slot == TRAINER]
         assert len(signals) == 1, acts
-        said = [r.say for r in signal_reports(sim.view, signals[0], Limits()) if r.say]
+        said = [r.say for r in signal_reports(sim.view, signals[0], Limits(), sim.now) if r.say]
         assert said == [f"procsv: worker1 (pid {sim.member(W1).pid}) stopped on non-finite training (exit code 4): "
                         f"stopping the group's chief (pid {sim.member(TRAINER).pid})"], said
     sim.reaps(second, EXIT_DIVERGING, "TrainingDiverged")
@@ -606,7 +663,7 @@ def _group_stop_line(sim, acts, slot: str) -> str:  # type: ignore[no-untyped-de
 
     signals = [a for a in of(acts, Signal) if a.slot == slot and a.cause == Cause.GROUP]
     assert len(signals) == 1, acts
-    said = [r.say for r in signal_reports(sim.view, signals[0], Limits()) if r.say]
+    said = [r.say for r in signal_reports(sim.view, signals[0], Limits(), sim.now) if r.say]
     assert len(said) == 1, said
     return said[0]
 
@@ -812,3 +869,72 @@ def test_a_group_restored_from_its_in_memory_snapshot_for_a_rollback_passes_over
     assert [m.step for m in group_restore.passed_over(layout, 100)] == [120]
     assert [m.step for m in group_restore.passed_over(layout, 90)] == [90, 120]
     assert group_restore.passed_over(layout, 121) == [] and group_restore.passed_over(layout, None) == []
+
+
+def test_an_exit_4_on_a_loss_spike_says_a_spike_and_one_on_non_finite_values_says_non_finite():
+    # before: every exit 4 was "it stopped with exit code 4 on non-finite values", a spike's stop too (--on-spike
+    # stop, or a rollback that could not be). Now the trainer's error file (TrainingDiverged's message) tells which
+    from procsv.watchdog.rules.failures import Failure
+
+    said = {}
+    for name, message in (("spike", "the loss of step 45 spiked: 15 against a threshold of 1.2 (median 0.3 of the 15 "
+                                    "losses before it); --on-spike stop: stopping in order with exit code 4"),
+                          ("nan", "non-finite training at step 25: the loss of step 25 is NaN or infinite; "
+                                  "--on-nonfinite stop: stopping in order with exit code 4")):
+        sim = Sim()
+        sim.start_trainer(50)
+        t = sim.trainer
+        observe.reaped(sim.view, TRAINER, t.attempt, Failure(t.role, t.attempt, t.pid, EXIT_DIVERGING, 0.0, "log",
+                                                             error=ChildError("TrainingDiverged", message, "", "run")),
+                       sim.now)
+        (gave_up,) = of(sim.tick(0.01), GiveUp)
+        said[name] = gave_up.reason
+    assert "stopped with exit code 4 on a loss spike (a restart would resume from the newest checkpoint before it " \
+           "and meet it again)" in said["spike"], said
+    assert "stopped with exit code 4 on non-finite values (a restart" in said["nan"], said
+
+
+# --------------------------------------------------------------------------- the group's verdict at its K-th steps
+def test_the_groups_verdict_rolls_back_in_place_only_where_every_member_can_and_holds_the_same_step() -> None:
+    """procsv.trainer.nonfinite.group_verdict.decide: the first bad step any member found, restored from the newest
+    step before it every member holds a copy of; anything not uniform is the restart, said why."""
+    from procsv.trainer.nonfinite.group_verdict import Row, decide
+
+    clean = Row(copies=(50,))
+    assert not decide([clean, clean]).found
+    # worker1's NaN at 70, the chief's own loss NaN from 71: the group skips 70, from the copies of 50
+    v = decide([Row(nan=71, copies=(50,)), Row(nan=70, copies=(0, 50))])
+    assert (v.first, v.last, v.restore, v.finder, v.in_place, v.spike) == (70, 70, 50, 1, True, False)
+    # the chief's spike: its onset .. its detection
+    v = decide([Row(onset=68, detected=70, copies=(50,)), Row(copies=(50,))])
+    assert (v.first, v.last, v.restore, v.spike, v.in_place) == (68, 70, 50, True, True)
+    # the restart: a copy missing on one member, a member that cannot, a checkpoint holding the bad step's update,
+    # a NaN and a spike at one check
+    assert "no in-memory copy" in decide([Row(nan=70, copies=(50,)), Row(copies=())]).why
+    assert "worker1 cannot" in decide([Row(nan=70, copies=(50,)), Row(able=False, copies=(50,))]).why
+    assert "step 90" in decide([Row(committed=90, copies=(50,)), Row(nan=70, copies=(50,))]).why
+    assert "step 80" in decide([Row(in_flight=80, copies=(50,)), Row(nan=70, copies=(50,))]).why
+    assert decide([Row(committed=60, copies=(50,)), Row(nan=70, copies=(50,))]).in_place  # (60: before 70)
+    assert "one check" in decide([Row(onset=60, detected=62, copies=(50,)), Row(nan=70, copies=(50,))]).why
+    # only a copy of a step before the bad one: 50's when 100 was found at its own check
+    assert decide([Row(nan=100, copies=(50, 100)), Row(copies=(50, 100))]).restore == 50
+    # a row goes through the collective as numbers and comes back the same
+    row = Row(nan=70, onset=-1, detected=-1, able=True, committed=30, in_flight=-1, copies=(100, 50))
+    assert Row.decode(row.encode(3)) == Row(70, -1, -1, True, 30, -1, (50, 100)) or \
+        Row.decode(row.encode(3)).copies == (100, 50)
+
+
+def test_a_groups_rollback_in_place_counts_as_one_of_the_group_and_settles_its_members_reports():
+    """The chief's rolled_back of the group (in place): a rollback of the group, not a restart, and the members'
+    reports of the step (a spike's onset, a NaN) settled: the group's later end is no rollback of that step."""
+    from procsv.ipc.messages import RestoreSource, RolledBack
+
+    sim = group(2)
+    sim.tick(1.0)
+    reports(sim, TRAINER, 70)
+    assert rollback_step(sim.view, sim.trainer) == 70
+    said = observe.heard(sim.view, RolledBack(sim.trainer.pid, 70, 50, RestoreSource.MEMORY, "m#0", True, 0.02, 1.0,
+                                              group=True), sim.now)
+    assert [r.fields.get("group") for r in said if r.fields and "restored_step" in r.fields] == [True], said
+    assert rollback_step(sim.view, sim.trainer) is None
+    assert sim.view.rollbacks == 1 and sim.view.findings.group_in_place == 1 and sim.view.history.restarts == 0

@@ -4,7 +4,8 @@ steps skipped before (no process runs)."""
 
 from __future__ import annotations
 
-from procsv.trainer.nonfinite.plan import Action, Plan, after_finite_weights, at_boundary, judge, next_due
+from procsv.trainer.nonfinite.plan import (Action, Plan, after_finite_weights, at_boundary, first_replayed,
+                                           input_differs, input_lost, judge, next_due)
 
 
 def test_nothing_is_due_without_a_bad_step_or_a_step_skipped_before():
@@ -95,3 +96,21 @@ def test_a_replayed_spike_is_judged_at_the_boundary_after_its_detection_step_or_
     assert next_due(163, skipped) == 165 and at_boundary(165, skipped) == Action.SKIP_AGAIN
     busy = Plan(target=170, spike_checks=(165,))  # a non-finite step's rollback under way: its own course only
     assert next_due(163, busy) == 169 and at_boundary(165, busy) == Action.JUDGE
+
+
+def test_a_replay_tells_nothing_when_a_step_before_the_bad_one_gives_another_loss_bit_for_bit():
+    # a retry's or a spike's replay of 61-64 from the state of 60: equal losses (the input came back with the
+    # step) leave the verdict to the bad step's own (a transient fault where only it differs); the first step
+    # that differs, by one ulp too, is the program's input not coming back (a counter of its own)
+    assert first_replayed(60, 65) == range(61, 62)  # the first replayed step only: the restored state's forward pass
+    assert not first_replayed(64, 65) and not first_replayed(60, 61)  # (none replayed before the bad step)
+    first = {61: 0.25, 62: 0.5, 63: 0.125, 64: 1.0}
+    assert input_differs(first, dict(first)) is None
+    assert input_differs(first, {61: 0.25, 62: 0.5}) is None  # (63, 64 not replayed yet: not compared)
+    assert input_differs({}, {61: 0.3}) is None  # nothing replayed before the bad step: nothing to compare
+    assert input_differs(first, {**first, 62: 0.5000000000000001, 64: 2.0}) == (62, 0.5, 0.5000000000000001)
+    # said with what it cost (before: it named no cost, and the run stopped on it: now it trains on)
+    assert input_lost((61, 0.243535, 0.204187), 65) == (
+        "gave other losses than the first run (step 61: 0.243535, then 0.204187): the program's input does not come "
+        "back with the restored step (a counter or iterator of its own, or random numbers no checkpoint holds): the "
+        "batches of steps 61-65 were not trained again; feed the batch of sv.step for an exact replay")

@@ -9,6 +9,8 @@ decisions), with the tasks of a parameter-server launch: the chief in ``trainer`
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from procsv.cli import EXIT_USAGE, main
@@ -431,3 +433,40 @@ def test_a_coordinators_tasks_are_counted_per_task_with_the_server_role() -> Non
     sim.tick(0.01)
     assert task_rows(sim.view) == (("chief", "chief", 0), ("ps0", "ps", 0), ("worker0", "server", 0),
                                    ("worker1", "server", 1))
+
+
+def test_a_ps_worker_is_stuck_when_quiet_while_the_others_step_or_every_task_is_quiet_not_while_a_ps_works() -> None:
+    """Issue 69 with --ps: each task is judged alone. A worker quiet while the other workers complete
+    steps is stuck (the parameter servers serve them: it waits on no busy one; helper-74's attack: before,
+    the busy ps0 hid it until --hang-timeout). A worker quiet while no task steps and ps0 computes waits on a
+    slow parameter server: not stuck. Once every task is quiet, stuck."""
+    from test_watchdog_decide import _looks
+    from procsv.watchdog.rules.actions import TakeStacks
+
+    def launch() -> PsSim:
+        sim = PsSim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), nproc=2, ps=1))
+        assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+        for slot in (TRAINER, "worker1"):
+            sim.steps(slot, 5)
+        return sim
+
+    def second(sim: PsSim, looks: tuple[tuple[str, float], ...], chief_steps: bool) -> list[Any]:
+        for slot, cpu in looks:
+            _looks(sim, slot, 1.0, cpu=cpu)
+            sim.now -= 1.0
+        sim.now += 1.0
+        if chief_steps:
+            sim.steps(TRAINER, 6)
+        return sim.tick()
+
+    sim = launch()  # worker1 quiet, the chief stepping (ps0 busy with its updates): stuck at 10 s
+    acts = [second(sim, (("worker1", 0.0), ("ps0", 0.5), (TRAINER, 0.4)), True) for _ in range(11)]
+    assert [a.slot for tick in acts for a in of(tick, TakeStacks)] == ["worker1"]
+    assert [i for i, tick in enumerate(acts) if of(tick, TakeStacks)] == [9]  # (its 10th second)
+
+    sim = launch()  # no task steps, ps0 computes: worker1 and the chief wait on it
+    for _ in range(30):
+        assert not of(second(sim, (("worker1", 0.0), ("ps0", 0.6), (TRAINER, 0.0)), False), TakeStacks)
+    acts = [second(sim, (("worker1", 0.0), ("ps0", 0.0), (TRAINER, 0.0)), False) for _ in range(11)]  # all quiet
+    assert "worker1" in {a.slot for tick in acts for a in of(tick, TakeStacks)}
+    assert not any(of(tick, TakeStacks) for tick in acts[:9])  # (not before 10 s of it)

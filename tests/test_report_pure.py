@@ -134,10 +134,33 @@ def test_a_loss_spike_is_named_and_its_rollback_counted_with_the_non_finite_ones
     rep = RunReport(logdir="/x", state="succeeded", step=90, live_pid=None, started_at=0.0, ended_at=3.0, goodput=None,
                     summary=None, skipped=skipped, rollbacks=rollbacks, spikes=[e for e in events if "spike" in e["event"]])
     text = render(rep)
-    assert "non-finite: 2 rollback(s), 2 step(s) skipped (NaN or infinite loss twice, or a loss spike's steps): " \
-           "64, 65; 0 time(s) found non-finite" in text, text
+    # (before: "non-finite: 2 rollback(s), 2 step(s) skipped (NaN or infinite loss twice, or a loss spike's steps): 64,
+    # 65; 0 time(s) found non-finite": a spike's rollbacks and skips were said non-finite)
+    assert "  loss-spike rollbacks: 2 rollback(s), 2 step(s) skipped (a loss spike's steps): 64, 65\n" in text, text
+    assert "non-finite" not in text, text
     assert "  loss spikes: 2: steps 64-65 (loss 14.9 against a threshold of 2.6, median 0.292): rollback, the data's " \
            "(again when replayed): skipped; step 80 (loss 3 against a threshold of 2, median 1): warn" in text, text
     transient = {"event": "spike_replayed", "step": 80, "reproduced": False, "host": "node-3"}
     assert spike_words(events[-1], transient).endswith(": warn, a transient fault of host node-3 (not again when "
                                                       "replayed): kept")
+    unreplayable = {**transient, "differs_at": 61}  # (its input did not come back: no fault of the host, and the
+    # replayed state is kept, training on; before: "stopped")
+    assert spike_words(events[-1], unreplayable).endswith(": warn, no verdict (the replay's input differed from step "
+                                                         "61): kept")
+
+
+def test_procsv_status_says_a_spikes_rollbacks_and_skips_are_a_spikes_not_non_finite() -> None:
+    # before: "non-finite: 2 rollback(s), 1 step(s) skipped: 65; 0 time(s) found non-finite" for a run whose only
+    # rollbacks were a loss spike's (--on-spike rollback)
+    from procsv.status import render as render_status
+
+    spikes = {"seen": 1, "by_action": {"rollback": 1}, "transient_faults": {}, "suspect_hosts": [], "suspect_after": 3,
+              "last": {"step": 65, "onset": 65, "loss": 14.9, "threshold": 2.6, "median": 0.29, "action": "rollback"}}
+    base = {"state": "succeeded", "step": 90, "restarts": 0, "skipped_steps": [65], "rollbacks": 2, "spikes": spikes}
+    text = render_status({**base, "nonfinite_detected": 0}, "/x")
+    assert "  loss-spike rollbacks: 2 rollback(s), 1 step(s) skipped: 65\n" in text and "non-finite" not in text, text
+    both = render_status({**base, "skipped_steps": [25, 65], "rollbacks": 4, "nonfinite_detected": 1}, "/x")
+    assert "  non-finite and loss-spike rollbacks: 4 rollback(s), 2 step(s) skipped: 25, 65; 1 time(s) found " \
+           "non-finite\n" in both, both
+    nan = render_status({**base, "skipped_steps": [25], "nonfinite_detected": 1, "spikes": None}, "/x")
+    assert nan.endswith("\n  non-finite: 2 rollback(s), 1 step(s) skipped: 25; 1 time(s) found non-finite"), nan

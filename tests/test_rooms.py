@@ -314,11 +314,11 @@ ATTRIBUTE_BASELINE = {
     "procsv.trainer.keras.fit:BackupAndRestore": 30,
     "procsv.trainer.summaries.sender:SummarySender": 25,
     "procsv.trainer.supervisor:Supervisor": 33,
-    "procsv.watchdog.config:LaunchConfig": 35,
+    "procsv.watchdog.config:LaunchConfig": 33,
     "procsv.watchdog.multihost.agent:NodeAgent": 23,
     "procsv.watchdog.publish.runmetrics:RunSnapshot": 22,
     "procsv.watchdog.rules.limits:Limits": 28,
-    "procsv.watchdog.rules.state:ChildView": 54,
+    "procsv.watchdog.rules.state:ChildView": 53,
     "procsv.watchdog.rules.state:RunView": 54,
 }
 

@@ -360,15 +360,20 @@ def test_the_policy_parses_and_refuses_rollback_where_it_is_not_built() -> None:
     assert spike.parse(None) == OnSpike.WARN == spike.DEFAULT and spike.parse("rollback") == OnSpike.ROLLBACK
     with pytest.raises(ValueError, match="on_spike must be one of rollback, stop, warn, off, not 'skip'"):
         spike.parse("skip")
-    assert spike.refusal(OnSpike.ROLLBACK, graph=False) == ""  # a single trainer, or a trainer group (issue 68)
-    assert spike.refusal(OnSpike.WARN, graph=True, ps=True) == "" and spike.refusal(OnSpike.STOP, True, True) == ""
-    graph = spike.refusal(OnSpike.ROLLBACK, graph=True)
-    assert graph.startswith("--on-spike rollback is not supported in a TF1 graph program") and "\n" not in graph
-    assert "parameter-server job (--ps)" in spike.refusal(OnSpike.ROLLBACK, graph=False, ps=True)
+    # a single trainer, a trainer group, a TF1 graph program whose input is fed or a function of its step (issue 68)
+    assert spike.refusal(OnSpike.ROLLBACK) == ""
+    assert spike.refusal(OnSpike.WARN, ps=True, graph_input="x") == "" and spike.refusal(OnSpike.STOP, True, "x") == ""
+    ps = spike.refusal(OnSpike.ROLLBACK, ps=True)
+    assert ps.startswith("--on-spike rollback is not supported in a parameter-server job (--ps) yet (its variables "
+                         "live on the parameter servers, shared by every worker") and "\n" not in ps
+    inside = spike.refusal(OnSpike.ROLLBACK, graph_input="its input is dequeued from a queue inside the graph (op 'q')")
+    assert inside.startswith("--on-spike rollback is not supported in a TF1 graph program whose input is read inside "
+                             "its graph yet (its input is dequeued from a queue inside the graph (op 'q'), which no "
+                             "checkpoint restores: a replay would train other batches") and "\n" not in inside
     old_keras = spike.unsupported("Keras fit with Keras 3.0.0 (...)")  # (Keras fit itself rolls spikes back)
     assert old_keras.startswith("--on-spike rollback is not supported in Keras fit with Keras 3.0.0 (...) yet (only "
-                                "in an eager custom loop, MonitoredTrainingSession or Keras fit, of a single trainer "
-                                "or a trainer group)")
+                                "in a custom loop or MonitoredTrainingSession, eager or TF1 graph, or Keras fit, of a "
+                                "single trainer or a trainer group)")
 
 
 def test_a_spikes_steps_count_against_max_skips_together() -> None:

@@ -90,6 +90,20 @@ def test_the_watchdog_tallies_spikes_and_transient_faults_and_reports_a_suspect_
     assert default.findings.suspects == ["a"] and default.findings.transient["a"] == 3  # at the 3rd, by default
 
 
+def test_a_replay_whose_input_did_not_come_back_is_no_transient_fault_and_its_record_says_where_it_differed():
+    # before: a spike_replayed not reproduced was a transient fault of its host, always: a loop feeding the
+    # batch of its own counter (its replay trains other batches) made its host suspect. Now a replay whose
+    # steps before the onset gave other losses (differs_at) counts no fault, and its record says the step
+    view = _view(limit=1)
+    msg = SpikeReplayed(PID, 65, 65, False, 14.9, 0.19, "a", 1.0, differs_at=61)
+    got = observe.heard(view, _detected(65), 1.0) + observe.heard(view, msg, 1.0)
+    (record,) = [r for r in got if r.event == Event.SPIKE_REPLAYED]
+    assert set(record.fields) == SCHEMA[Event.SPIKE_REPLAYED] and record.fields["differs_at"] == 61
+    assert view.findings.transient == {} and view.findings.suspects == []
+    assert not [r for r in got if r.event == Event.HOST_SUSPECT]
+    assert observe.heard(view, _replayed(120, "a"), 1.0)[-1].event == Event.HOST_SUSPECT  # (a true one still counts)
+
+
 def test_procsv_status_says_the_spikes_the_last_one_and_each_hosts_transient_faults():
     view = _view(limit=2)
     _feed(view)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,8 +337,10 @@ def test_a_promoted_standbys_own_traceback_is_in_the_giving_up_message(logdir):
     assert judged, (promoted, failed)
     for n in judged:  # its error file was found and read: the line of its exit names its error
         assert os.path.exists(os.path.join(logdir, "logs", f"trainer.{n}.error.json"))
-        assert f"trainer attempt {n} (pid {promoted[n]}) exited with code 1: ValueError: bad batch at step 600" \
-            in err, err
+        # (a second standby, ready before step 600 at load, is promoted at the first failure, restores step 599
+        # and fails at once: its line says it failed before completing a step, and still names its error)
+        assert re.search(rf"trainer attempt {n} \(pid {promoted[n]}\) exited with code 1( before completing a step)?: "
+                         r"ValueError: bad batch at step 600", err), err
     giving_up = err[err.index("procsv: giving up"):]
     assert "ValueError: bad batch at step 600" in giving_up and "Traceback" in giving_up, giving_up
 

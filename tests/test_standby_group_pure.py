@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import signal
 
-from procsv.ipc.messages import StandbyReady
+from procsv.common.exitcodes import EXIT_GROUP_ROLLBACK
+from procsv.ipc.messages import SpikeDetected, StandbyReady
 from procsv.watchdog import observe
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import Cause, Kill, Promote, Restart, Signal, Spawn, StandbyGone
@@ -114,70 +115,52 @@ def test_a_chiefs_death_promotes_the_standby_group_too():
     assert of(acts, Promote) == [Promote(STANDBY, 2), Promote(S1, 2)] and not of(acts, Spawn)
 
 
-def test_a_standby_group_not_whole_ready_leaves_the_survivors_their_grace_and_the_restart_forks():
+def test_a_standby_group_not_whole_ready_leaves_the_survivors_their_grace_and_the_restart_promotes_it_still_preparing():
+    # issue 68: the restart killed a standby group not whole ready and forked one from nothing (seen in
+    # bench_spike's group case: a group spawned 0.4-1.6 s before the rollback, preparing at idle priority while the
+    # group trained, SIGKILLed; the forked group's first good step 0.84-1.47 s after the spike's detection against
+    # 0.44-0.81 s for the same group promoted still preparing). It is promoted whole, as a ready one is: woken at
+    # normal CPU priority it finishes its preparation and restores without waiting (its SIGUSR1 is pending)
     sim = StandbyGroupSim().started()
     sim.tick()
     sim.standby_ready(STANDBY)  # standby1 still building
+    pids = {s: sim.view.children[s].pid for s in (STANDBY, S1)}
     sim.notices(W1)
     acts = sim.tick(0.01)
     assert [(a.slot, a.cause, a.sig) for a in of(acts, Signal)] == [(TRAINER, Cause.GROUP, signal.SIGTERM)]
     sim.reaps(W1, KILLED)
     sim.reaps(TRAINER, KILLED)
     acts = sim.tick(0.01) + sim.tick()
-    assert Kill(STANDBY, 2, Cause.STANDBY_UNREADY) in acts and Kill(S1, 2, Cause.STANDBY_UNREADY) in acts
-    assert Spawn(TRAINER, TRAINER) in acts and not of(acts, Promote)
+    assert of(acts, Promote) == [Promote(STANDBY, 2), Promote(S1, 2)], acts
+    assert not of(acts, Kill) and not of(acts, Spawn)
+    chief, worker = sim.view.children[TRAINER], sim.view.children[W1]
+    assert (chief.pid, chief.attempt, worker.pid, worker.attempt) == (pids[STANDBY], 2, pids[S1], 2)
 
 
-def test_a_standby_member_dying_on_its_own_takes_the_rest_along_and_another_group_is_prepared_after_the_backoff():
+def test_a_groups_rollback_promotes_a_standby_group_none_of_whose_members_is_ready_yet():
+    # issue 68: a spike's (or a NaN's) rollback of the group, its standby group forked but still preparing
     sim = StandbyGroupSim().started()
-    sim.tick()
-    sim.standby_ready()
-    sim.dies(S1, KILLED)  # from outside, before any promotion
-    acts = sim.tick()
-    assert Kill(STANDBY, 2, Cause.STANDBY_LOST) in acts and StandbyGone(S1, 2, failed=True) in acts
-    assert not standby.promotable(sim.view, 2)
-    sim.dies(STANDBY, KILLED)
-    assert of(sim.tick(), StandbyGone) == [StandbyGone(STANDBY, 2, failed=False)]  # killed by the watchdog
-    assert sim.view.standby_failures == 1 and sim.view.children[TRAINER].live and sim.view.children[W1].live
-    assert sim.tick(standby.backoff(1) / 2) == []
-    sim.one_by_one = True  # the zygote answers for the new standby before the new standby1: the old one, settled,
-    assert sim.tick(standby.backoff(1)) == [Spawn(STANDBY, STANDBY)]  # still holds its slot meanwhile
-    assert sim.tick() == []  # (not a broken group: nothing is killed)
-    sim.answer(1)
-    assert [(c.slot, c.attempt, c.live) for c in standby.members(sim.view)] == [(STANDBY, 2, True), (S1, 2, True)]
-    assert sim.tick() == []
-
-
-def test_a_restart_due_while_a_broken_standby_group_is_settled_forks_the_next_group():
-    sim = StandbyGroupSim().started()
-    sim.tick()
-    sim.dies(S1, KILLED)
-    sim.tick()
-    sim.dies(STANDBY, KILLED)
-    sim.tick()
-    sim.notices(W1)
+    assert sim.tick() == [Spawn(STANDBY, STANDBY)]
+    observe.heard(sim.view, SpikeDetected(sim.view.children[TRAINER].pid, 100, 70, 5.0, 1.0, 0.1, "rollback", 1.0),
+                  sim.now)
+    sim.reaps(TRAINER, EXIT_GROUP_ROLLBACK, "GroupRollback")
     acts = sim.tick(0.01)
-    assert [(a.slot, a.cause) for a in of(acts, Signal)] == [(TRAINER, Cause.GROUP)]  # no standby: the grace
-    sim.reaps(W1, KILLED)
-    sim.reaps(TRAINER, KILLED)
+    assert [(a.slot, a.sig) for a in of(acts, Signal)] == [(W1, signal.SIGTERM)]  # its own findings on its way out
+    sim.reaps(W1, 1)
     acts = sim.tick(0.01) + sim.tick()
-    assert Spawn(TRAINER, TRAINER) in acts and not of(acts, Promote) and not of(acts, Kill)
+    assert [r.skip for r in of(acts, Restart)] == [70]
+    assert of(acts, Promote) == [Promote(STANDBY, 2), Promote(S1, 2)] and not of(acts, Spawn) and not of(acts, Kill)
 
 
-def test_the_at_once_kill_lines_name_the_member_that_ended_and_each_member_killed():
-    # three members: worker2 ends with the standby group ready; the line for each survivor says which one it
-    # is and why (before: "killing the group's worker process at once" for worker1, whichever had ended)
-    from procsv.watchdog.actionlines import kill_reports
-
-    sim = StandbyGroupSim(3).started()
+def test_a_standby_group_with_a_member_being_killed_or_forked_for_another_attempt_is_not_promoted():
+    sim = StandbyGroupSim().started()
     sim.tick()
-    sim.standby_ready()
-    sim.notices("worker2")
-    kills = of(sim.tick(0.01), Kill)
-    said = sorted(r.say for k in kills for r in kill_reports(sim.view, k, sim.limits))
-    pid = sim.view.children["worker2"].pid
-    assert said == [f"procsv: a member of the trainer group ended (worker2 (pid {pid}) ended) and the standby group "
-                    f"is ready; killing the group's {slot} process at once" for slot in ("trainer", W1)], said
+    assert standby.promotable(sim.view, 2, ready=False) and not standby.promotable(sim.view, 2)
+    sim.view.children[S1].killed = True  # (a kill sent: its end is on its way)
+    assert not standby.promotable(sim.view, 2, ready=False)
+    sim.view.children[S1].killed = False
+    sim.view.children[S1].attempt = 3  # forked for another attempt
+    assert not standby.promotable(sim.view, 2, ready=False)
 
 
 def test_a_member_whose_shadow_run_did_not_complete_has_the_group_replaced_at_once_and_the_next_ones_skip_it():

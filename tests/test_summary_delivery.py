@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import statistics
 import time
 from typing import Any
 
@@ -178,13 +179,16 @@ def test_a_service_killed_twice_while_hung_loses_nothing(run):
 
 @pytest.mark.slow
 def test_global_step_per_sec_is_written_by_the_service(run):
+    began = time.monotonic()
     train(run, 1, 400, per_step=0.005)  # about 2 s at step_rate_secs=0.5
+    mean = 400 / (time.monotonic() - began)  # the rate the loop ran at (at load 21: 23-50, not ~150)
     assert run.sender.close(400, timeout=30) == 0
     rate = scalars(run.logdir)["global_step/sec"]
     assert len(rate) >= 2
     steps = [s for s, _ in rate]
     assert steps == sorted(set(steps))
-    assert all(20 < v < 250 for _, v in rate), rate  # about 1 / (5 ms + work)
+    assert all(0 < v < 250 for _, v in rate), rate  # never faster than 1 / (5 ms + work)
+    assert mean / 3 < statistics.median(v for _, v in rate) < mean * 3, (rate, mean)
 
 
 def test_histograms_images_text_and_protos_arrive(run):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 import pytest
 
@@ -14,6 +16,12 @@ pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 # the step delay of a run whose waits are on time or events, not on steps: fewer steps (each costs CPU)
 PACED = "0.05"
+
+
+def _line(path: str, text: str) -> int:
+    """The number of the line of ``path`` that holds ``text``."""
+    with open(path) as f:
+        return next(n for n, line in enumerate(f, 1) if text in line)
 
 
 def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
@@ -35,6 +43,21 @@ def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
     assert "is hung" in err
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 1
+    # issue 69: before the SIGTERM, the stacks of the hung trainer were taken and kept with its logs; the
+    # record and the line name the frame it hangs in (tiny_train's sleep inside its step function)
+    hung_at = f"in step (tiny_train.py:{_line(TINY, 'time.sleep(0.05 if args.hang_until_stop else 3600)')})"
+    assert hang[0]["where"].startswith(hung_at) and hang[0]["culprit"] == "", hang[0]
+    assert hang[0]["stacks"] == os.path.join(logdir, "logs", "trainer.1.stacks.txt")
+    with open(hang[0]["stacks"]) as f:
+        text = f.read()
+    assert text.startswith("procsv: the stacks of the run's trainers, taken when trainer attempt 1 (pid ")
+    assert f"trainer (pid {exited['pid']}): {hung_at}" in text and "'MainThread'" in text, text
+    assert hung_at in err.split("is hung")[1].splitlines()[0]
+    logs = run_python(["-m", "procsv", "logs", logdir, "--attempt", "1"], env=quiet_env(), timeout=60)
+    assert logs.returncode == 0 and "the stacks taken before attempt 1 was stopped as hung" in logs.stdout
+    assert f"trainer (pid {exited['pid']}): {hung_at}" in logs.stdout
+    report = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=60)
+    assert report.returncode == 0 and hung_at in report.stdout and "trainer.1.stacks.txt" in report.stdout, report.stdout
 
 
 def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(logdir):
@@ -211,3 +234,80 @@ def test_a_hung_trainer_that_saves_on_sigterm_still_counts_as_a_failure(logdir):
     assert not [e for e in events if e["event"] in ("restarting", "restarted")]
     st = status_json(logdir)
     assert st["state"] == "failed" and "hang" in (st["last_error"] or ""), st
+
+
+def test_a_process_py_spy_cannot_read_still_says_the_system_call_its_main_thread_waits_in():
+    """Issue 69: the stacks of a process py-spy cannot read (not Python here; at a hang: py-spy missing,
+    no ptrace permission, too slow) keep what /proc says of its threads: the main thread's system call
+    is in the line (it was the error alone)."""
+    import subprocess
+
+    from procsv.watchdog.stacks.capture import capture_all, innermost, render
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 5  # (until it is in its sleep)
+        while time.monotonic() < deadline:
+            with open(f"/proc/{sleeper.pid}/syscall") as f:
+                if f.read().split()[0] in ("35", "230", "101", "115"):
+                    break
+            time.sleep(0.05)
+        (taken,) = capture_all([("trainer", sleeper.pid)], timeout=5.0)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert taken.error, taken
+    line = innermost(taken)  # (clock_nanosleep, or nanosleep with an older libc)
+    assert line.startswith(taken.error) and line.endswith("nanosleep") and "its main thread waits in " in line, line
+    assert f"thread {sleeper.pid} 'sleep' (waiting, in " in render([taken]), render([taken])
+
+
+def test_a_wait_with_a_timeout_is_named_by_its_system_call_though_py_spys_pause_restarts_it():
+    """Issue 69, an attack: a socket read with a timeout (a remote service's reply) waits in ``poll``. py-spy's
+    pause interrupts it and the kernel resumes it as ``restart_syscall``: the stacks said ``waiting in
+    syscall 219``. What each thread waits in is read before the pause."""
+    import subprocess
+
+    from procsv.watchdog.stacks.capture import capture_all, innermost
+
+    waiter = subprocess.Popen([sys.executable, "-c", "import socket\na, b = socket.socketpair()\na.settimeout(60)\n"
+                               "a.recv(1)\n"])
+    try:
+        deadline = time.monotonic() + 30  # (until it is in its poll: its interpreter started)
+        while time.monotonic() < deadline:
+            with open(f"/proc/{waiter.pid}/syscall") as f:
+                if f.read().split()[0] in ("7", "73", "271"):  # poll (x86-64), ppoll (aarch64, x86-64)
+                    break
+            time.sleep(0.05)
+        (taken,) = capture_all([("trainer", waiter.pid)], timeout=10.0)
+    finally:
+        waiter.kill()
+        waiter.wait()
+    assert not taken.error, taken
+    assert innermost(taken).endswith(("waiting in poll", "waiting in ppoll")), innermost(taken)
+
+
+def test_a_read_that_never_returns_is_found_stuck_long_before_the_hang_timeout_and_slow_work_is_not(logdir):
+    """Issue 69: with --hang-timeout at its default (600 s), a trainer that computes inside a step for
+    longer than --stuck-secs (slow work: CPU, no step) is left alone, and so is one that waits as long
+    for a child process that computes (a data loader's worker); one whose read never returns is
+    found stuck after --stuck-secs (3 here, 10 by default) without a step, its stacks naming the read. The
+    restarted attempt waits 4 s, quiet, in step 30 (a remote service slow today): a wait judged stuck gives
+    the slot twice as long from then on, so it is not killed again (before: at 3 s, at every attempt). The
+    first attempt waits as long in step 5 inside ``with sv.waiting():``: a marked wait is no hang."""
+    proc = launch(logdir, "--steps", "40", "--compute-at-step", "10", "--compute-secs", "5", "--child-compute-at-step",
+                  "15", "--hang-at-step", "25", "--wait-at-step", "30", "--wait-secs", "4", "--marked-wait-at-step", "5",
+                  "--hang-kind", "read", "--step-delay", "0.02", target=TINY,
+                  opts=("--stuck-secs", "3", "--hang-grace-secs", "0.5"))
+    code, out, err = finish(proc)
+    assert code == 0, err
+    hang = [e for e in lifecycle(logdir) if e["event"] == "hang_detected"]
+    # one verdict: not at the computing step 10, nor at the restarted attempt's quiet wait of step 30
+    assert "tiny: waiting in step 30 for 4 s" in out and "tiny: waiting in sv.waiting() in step 5 for 4 s" in out
+    assert len(hang) == 1 and 19 <= hang[0]["step"] <= 25, hang
+    assert hang[0]["reason"].startswith("stuck for ") and "(--stuck-secs 3)" in hang[0]["reason"], hang[0]
+    read_at = _line(TINY, "os.read(r, 1)")
+    assert hang[0]["where"].startswith(f"in step (tiny_train.py:{read_at}), waiting in read(pipe:["), hang[0]
+    assert "tiny: computing in step 10 for 5 s" in out and "tiny: a child computes in step 15 for 5 s" in out
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["restarts"] == 1

@@ -19,16 +19,16 @@ from procsv.ipc.messages import (Hello, NonfiniteDetected, Progress, SaveOverdue
 from procsv.watchdog import observe
 from procsv.watchdog.publish import recovery
 from procsv.watchdog.publish.events import Event, Report
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
-                                     RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopFailing)
+from procsv.watchdog.rules.actions import (Action, ArmChaos, TakeStacks, Cause, Finish, GiveUp, GiveUpService, Kill,
+                                     Promote, RespawnService, Restart, Settle, Signal, SkipChaos, Spawn, StopFailing)
 from procsv.watchdog.rules.chaos import parse_chaos
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.decide import Limits, decide
 from procsv.watchdog.rules.failures import ChildError, ExitReport, Failure
-from procsv.watchdog.rules.hang import HangLimits
+from procsv.watchdog.rules.hang import IDLE_CPU, IDLE_IO, SAMPLE_GAP, HangLimits, looks_kept, stuck_reason
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.policy import RestartPolicy
-from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.state import CHECKPOINT, SUMMARY, TRAINER, Activity, RunView, ZygoteState
 
 KILLED = -signal.SIGKILL
 
@@ -49,6 +49,7 @@ class Sim:
             self.spawn(role, role)
         self.view.restart_at = 0.0
         self.log: list[Action] = []
+        self.stacks_back = True  # the stacks a hang asks for come back at once (False: never)
 
     # -- the executor's part
     def spawn(self, slot: str, role: str) -> None:
@@ -62,6 +63,9 @@ class Sim:
         observe.heard(self.view, Hello(role, c.pid, c.attempt), self.now)
 
     def tick(self, dt: float = 0.0, draw: float = 0.5) -> list[Action]:
+        """Decide at ``dt`` later and perform the actions. The stacks a hang asks for are back at once
+        (``stacks_back``: taking them takes no time here), and the round decides again, as the
+        launcher's does when an action made another due."""
         self.now += dt
         actions = decide(self.view, self.now, self.limits, draw)
         for action in actions:
@@ -72,7 +76,11 @@ class Sim:
                 self.spawn(action.slot, action.slot)
             elif isinstance(action, ArmChaos):
                 self.view.chaos_next_delay = self.chaos_delay
+            elif isinstance(action, TakeStacks) and self.stacks_back:
+                observe.stacks_back(self.view, action.slot, action.attempt, {action.slot: "in f (x.py:1)"}, "", "/x.stacks.txt")
         self.log += actions
+        if any(isinstance(a, TakeStacks) for a in actions):
+            return actions + self.tick(0.0, draw)
         return actions
 
     # -- what the children do
@@ -411,6 +419,23 @@ def test_a_stop_while_a_restart_is_pending_stops_the_run():
     assert f.run == RunState.STOPPED and not of(sim.log, Spawn)[1:]
 
 
+def test_a_stop_during_a_hung_trainers_grace_keeps_its_sigkill_due():
+    """Issue 69: a stop (a preemption's SIGTERM) that comes after a hung trainer was signalled does not
+    put its SIGKILL off to the stop's grace (120 s: it was; a preempted node is gone long before, with the
+    in-memory snapshot its checkpoint service persists once the trainer is dead); the run stops after it."""
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0), hang_grace_secs=2.0))
+    sim.start_trainer()
+    sim.progress(3)
+    (take, sig) = sim.tick(10.5)
+    assert isinstance(sig, Signal) and sig.cause == Cause.HANG
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert not of(sim.tick(1.0), Kill)
+    assert of(sim.tick(1.1), Kill) == [Kill(TRAINER, 1, Cause.HANG)]
+    sim.dies(TRAINER, KILLED)
+    (f,) = of(sim.tick(), Finish)
+    assert f.run == RunState.STOPPED and not of(sim.log, Restart)
+
+
 def test_hang_escalation_sigterm_then_sigkill_then_a_restart():
     sim = Sim(Limits(hang=HangLimits(10.0, 60.0), hang_grace_secs=2.0))
     sim.start_trainer()
@@ -419,7 +444,8 @@ def test_hang_escalation_sigterm_then_sigkill_then_a_restart():
     assert sim.tick(100.0) == []  # busy on purpose: the hang clock pauses
     sim.progress(3)
     assert sim.tick(9.0) == []
-    (sig,) = sim.tick(1.5)
+    (take, sig) = sim.tick(1.5)
+    assert take == TakeStacks(TRAINER, 1, sig.reason)  # the stacks first, then the signal
     assert isinstance(sig, Signal) and sig.cause == Cause.HANG and "--hang-timeout 10" in sig.reason
     assert sim.tick(1.0) == []
     assert sim.tick(1.1) == [Kill(TRAINER, 1, Cause.HANG)]
@@ -428,19 +454,313 @@ def test_hang_escalation_sigterm_then_sigkill_then_a_restart():
     assert "hang" in sim.view.last_error
 
 
+def test_a_hung_trainers_sigterm_waits_for_its_stacks_within_their_bound_and_a_step_meanwhile_ends_the_judgement():
+    """Rule 4 with the stacks (issue 69): a hung trainer's stacks are asked for first; its SIGTERM waits
+    for them, at most ``stacks_secs``; a step reported while they are taken ends that judgement (no
+    signal), and the next stall asks for them again; ``stacks_secs`` 0 takes none."""
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0, stacks_secs=5.0), hang_grace_secs=2.0))
+    sim.stacks_back = False  # they never come back: the bound decides
+    sim.start_trainer()
+    sim.progress(3)
+    (take,) = sim.tick(10.5)
+    assert take == TakeStacks(TRAINER, 1, take.reason) and "--hang-timeout 10" in take.reason
+    assert sim.trainer.hang.stacks_asked_at == sim.now and not sim.trainer.hang.cause
+    assert sim.tick(4.9) == []  # being taken: no signal, no second capture
+    (sig,) = sim.tick(0.2)  # past the bound: signalled without them
+    assert sig.cause == Cause.HANG and sig.sig == signal.SIGTERM
+
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0, stacks_secs=5.0), hang_grace_secs=2.0))
+    sim.stacks_back = False
+    sim.start_trainer()
+    sim.progress(3)
+    assert of(sim.tick(10.5), TakeStacks)
+    assert sim.tick(1.0) == []
+    sim.progress(4)  # a step came while they were taken: the stall passed
+    assert sim.tick(3.0) == [] and sim.tick(2.0) == []  # nothing signalled past the bound either
+    assert sim.trainer.hang.stacks_asked_at is not None and not sim.trainer.hang.cause
+    (again,) = sim.tick(5.6)  # 10.6 s without a step since: another stall, its own stacks
+    assert isinstance(again, TakeStacks) and sim.trainer.hang.stacks_asked_at == sim.now
+    observe.stacks_back(sim.view, TRAINER, 1, {TRAINER: "in wait (w.py:3)"}, "", "/l/trainer.1.stacks.txt")
+    (sig,) = sim.tick(0.1)  # back: signalled at once
+    assert sig.cause == Cause.HANG and sim.trainer.hang.where == "in wait (w.py:3)"
+
+    sim = Sim(Limits(hang=HangLimits(10.0, 60.0, stacks_secs=0.0), hang_grace_secs=2.0))
+    sim.start_trainer()
+    (sig,) = sim.tick(61.0)  # none taken: signalled at once
+    assert isinstance(sig, Signal) and sig.cause == Cause.HANG and sim.trainer.hang.stacks_asked_at is None
+
+
+def _looks(sim: "Sim", slot: str, secs: float, cpu: float = 0.0, io: int = 0, woke: int = 0, state: str = "S",
+           every: float = 1.0, kids_cpu: float = 0.0) -> None:
+    """Feed ``slot``'s looks from outside over ``secs`` (one each ``every`` s, the clock moving with them):
+    per second ``cpu`` CPU-s, ``io`` bytes, ``woke`` switches of its main thread, and ``kids_cpu`` CPU-s
+    of its descendants (looked at, as the executor does, when its own counters did not move)."""
+    c = sim.view.children[slot]
+    if not c.hang.samples:
+        observe.looked_at(sim.view, slot, c.attempt, Activity(sim.now, 1.0, 1000, 50, state, "futex"),
+                          sim.limits.hang)
+    last = c.hang.samples[-1]
+    for _ in range(int(round(secs / every))):
+        sim.now += every
+        own_cpu, own_io = last.cpu + cpu * every, last.io + int(io * every)
+        quiet = cpu <= IDLE_CPU and io * every <= IDLE_IO  # (as the executor's look decides it)
+        last = Activity(sim.now, own_cpu, own_io, last.woke + int(woke * every), state, "futex",
+                        max(0.0, last.kids_cpu) + kids_cpu * every if quiet else -1.0, 0 if quiet else -1)
+        observe.looked_at(sim.view, slot, c.attempt, last, sim.limits.hang)  # (kept as the executor keeps them)
+
+
+def test_a_trainer_stuck_with_no_cpu_no_io_and_a_main_thread_that_never_runs_is_hung_at_stuck_secs():
+    """Issue 69: past its first step, no step, no CPU, no I/O and a main thread that never ran for
+    --stuck-secs (10) is a hang, whatever --hang-timeout (600) says; found at the first decision after
+    10 s, its stacks then its SIGTERM."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    _looks(sim, TRAINER, 9.0, cpu=0.002)
+    assert sim.tick() == []  # 9 s: not yet
+    _looks(sim, TRAINER, 1.0, cpu=0.002)
+    (take, sig) = sim.tick()
+    assert take == TakeStacks(TRAINER, 1, sig.reason, stuck_for=10.0) and sig.cause == Cause.HANG and sig.stuck_for == 10.0
+    assert sig.reason.startswith("stuck for 10.0 s (--stuck-secs 10): no step, 0.02 s of CPU, 0 bytes read or "
+                                 "written, its main thread asleep in futex"), sig.reason
+
+
+def test_a_quiet_wait_that_ended_in_a_step_raises_the_stuck_limit_to_twice_it_for_the_slot():
+    """A wait of 7 s that ends in a step (a remote call, a sleep, a data loader's slow batch: quiet from
+    outside) teaches the rule: from then on, and in the slot's next attempt, the limit is twice the
+    longest such wait (14 s), not --stuck-secs (5); a quiet wait before the first step (a standby's, a
+    start's) teaches nothing."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=5.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    _looks(sim, TRAINER, 6.0, kids_cpu=0.9)
+    sim.progress(4)  # 6 s waiting on a child that computes: work, nothing learned (before: 1 s, its last look)
+    assert sim.trainer.hang.quiet_max == 0.0
+    _looks(sim, TRAINER, 4.0)
+    sim.progress(4)  # 4 s quiet, then a step: under --stuck-secs, learned
+    assert sim.trainer.hang.quiet_max == 4.0
+    _looks(sim, TRAINER, 7.0)  # 7 s quiet: past --stuck-secs, under 2 x 4
+    assert sim.tick() == []
+    sim.progress(5)  # it went on: the wait was slow work
+    assert sim.trainer.hang.quiet_max == 7.0
+    _looks(sim, TRAINER, 13.0)
+    assert sim.tick() == []  # 13 s < 2 x 7
+    _looks(sim, TRAINER, 1.0)
+    (take, sig) = sim.tick()
+    assert sig.reason.startswith("stuck for 14.0 s (2 x its longest quiet wait that ended in a step, 7.0 s)"), sig.reason
+    sim.dies(TRAINER, KILLED)
+    sim.tick()
+    sim.tick(5.0)  # (its restart's backoff)
+    assert sim.trainer.attempt == 2 and sim.trainer.hang.quiet_max == 7.0  # the slot keeps what it learned
+    sim.ready(step=5)
+    _looks(sim, TRAINER, 30.0)
+    sim.progress(6)  # its first step after 30 s quiet: a start, not a wait
+    assert sim.trainer.hang.quiet_max == 7.0
+
+
+def test_a_learned_stuck_limit_past_stuck_secs_still_finds_a_hang():
+    """Issue 69, an attack with default settings: a 9 s sleep that ended in a step, then a read that never
+    returns. The limit learned is 18 s, and the looks at the trainer are kept that long: the hang is found at
+    18 s (before: looks were kept --stuck-secs + 6 s, no window covered 18 s, and the hang waited for
+    --hang-timeout, 600 s). What is kept stays within --hang-timeout."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    _looks(sim, TRAINER, 9.0)
+    sim.progress(4)
+    assert sim.trainer.hang.quiet_max == 9.0
+    _looks(sim, TRAINER, 17.0)
+    assert sim.tick() == []
+    _looks(sim, TRAINER, 1.0)
+    (take, sig) = sim.tick()
+    assert sig.reason.startswith("stuck for 18.0 s (2 x its longest quiet wait that ended in a step, 9.0 s)"), sig.reason
+    sim.trainer.hang.quiet_max = 5000.0  # (a limit learned past --hang-timeout: the looks kept stop there)
+    assert looks_kept(sim.view, sim.limits.hang) == 600.0 + 2 * SAMPLE_GAP
+
+
+def test_a_quiet_wait_judged_stuck_is_given_twice_as_long_in_the_slots_next_attempt_not_killed_at_every_one():
+    """Issue 69: a wait of 25 s that ends, quiet from outside (a remote service slow today), recurring at the
+    same step after each restore: judged stuck at 10 s, then at 20 s (twice the wait judged), then it ends
+    under 40 s and is learned. Before, every attempt was killed at 10 s until the run gave up."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    verdicts = []
+    for attempt in (1, 2, 3):
+        assert sim.trainer.attempt == attempt
+        waited = 0.0
+        while waited < 25.0:
+            _looks(sim, TRAINER, 1.0)
+            waited += 1.0
+            sigs = of(sim.tick(), Signal)
+            if sigs:
+                verdicts.append((attempt, waited, sigs[0].stuck_for, sigs[0].reason))
+                break
+        else:
+            sim.progress(4)  # the wait ended in a step: nothing judged
+            break
+        sim.dies(TRAINER, KILLED)
+        sim.tick()
+        sim.tick(5.0)  # (its restart's backoff)
+        sim.ready(step=3)
+        sim.progress(3)
+    assert [(a, w, f) for a, w, f, _ in verdicts] == [(1, 10.0, 10.0), (2, 20.0, 20.0)], verdicts
+    assert verdicts[0][3].startswith("stuck for 10.0 s (--stuck-secs 10)"), verdicts
+    assert verdicts[1][3].startswith("stuck for 20.0 s (2 x its last stuck limit, 10.0 s)"), verdicts
+    assert sim.trainer.attempt == 3 and sim.trainer.hang.judged_max == 20.0 and sim.trainer.hang.quiet_max == 25.0
+    assert looks_kept(sim.view, sim.limits.hang) == 50.0 + 2 * SAMPLE_GAP  # (twice the 25 s learned)
+    # a hot standby promoted into the slot keeps what the slot learned, as a spawned attempt does (before: forgot it)
+    observe.spawned(sim.view, "standby", "standby", 4, 999, sim.now, "zygote")
+    note(sim.view, Promote("standby", 4), sim.now, sim.limits)
+    assert sim.trainer.pid == 999 and (sim.trainer.hang.judged_max, sim.trainer.hang.quiet_max) == (20.0, 25.0)
+    # a deadlock that recurs past the first step: judged at 10, 20, 40, 80 s, then 80 s each time (at most 8 x
+    # --stuck-secs: before the cap, doubled up to --hang-timeout, about an hour to give up)
+    sim3 = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim3.start_trainer(3)
+    judged = []
+    for attempt in range(1, 7):
+        assert sim3.trainer.attempt == attempt
+        for _ in range(200):
+            _looks(sim3, TRAINER, 1.0)
+            sigs = of(sim3.tick(), Signal)
+            if sigs:
+                judged.append(sigs[0].stuck_for)
+                break
+        sim3.dies(TRAINER, KILLED)
+        sim3.tick()
+        while sim3.trainer.attempt == attempt:
+            sim3.tick(5.0)  # (its restart's backoff, longer each time)
+        sim3.ready(step=3)
+        sim3.progress(3)
+    assert judged == [10.0, 20.0, 40.0, 80.0, 80.0, 80.0], judged
+    # a hang-timeout verdict is no stuck wait: it raises nothing
+    sim2 = Sim(Limits(hang=HangLimits(10.0, 1800.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim2.start_trainer(3)
+    sig = of(sim2.tick(11.0), Signal)[0]
+    assert sig.stuck_for == 0.0 and sim2.trainer.hang.judged_max == 0.0
+
+
+def test_a_wait_the_program_marks_is_never_stuck_teaches_nothing_and_keeps_the_hang_timeout_from_its_start():
+    """``with sv.waiting():`` (Busy.WAITING until the next step): a minute quiet is no stuck verdict, the
+    step after it teaches the rule nothing and counts as no snapshot's blocking; --hang-timeout still bounds
+    it, from the wait's start."""
+    sim = Sim(Limits(hang=HangLimits(100.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    sim.progress(3, busy="waiting")
+    _looks(sim, TRAINER, 60.0)
+    assert sim.tick() == []
+    sim.progress(4)  # the wait ended in a step: not learned, not a snapshot's time
+    assert sim.trainer.hang.quiet_max == 0.0 and sim.trainer.busy_secs == 0.0
+    _looks(sim, TRAINER, 10.0)  # an unmarked wait: --stuck-secs as before
+    assert of(sim.tick(), Signal)[0].reason.startswith("stuck for 10.0 s (--stuck-secs 10)")
+    sim2 = Sim(Limits(hang=HangLimits(100.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim2.start_trainer(3)
+    sim2.progress(3, busy="waiting")
+    _looks(sim2, TRAINER, 100.0)
+    assert sim2.tick() == []
+    _looks(sim2, TRAINER, 1.0)
+    (sig,) = of(sim2.tick(), Signal)
+    assert sig.stuck_for == 0.0 and sig.reason.startswith(
+        "waiting in the program's sv.waiting() for 101.0 s with no step (--hang-timeout 100 s)"), sig.reason
+
+
+def test_a_hang_in_the_first_step_after_a_restore_is_stuck_at_stuck_secs_not_left_to_the_startup_timeout():
+    """Issue 69, an attack: a deadlock at step 50 recurring after each restore. The in-memory snapshot of step 49,
+    persisted at the hang's end, is what the next attempt restores, so it hangs in its first step: each attempt
+    was left to --startup-timeout (1800 s). An attempt that restored a step past 0 is judged from its restore's
+    end; a fresh start before its first step (import, tracing) is not."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(49)
+    sim.dies(TRAINER, KILLED)
+    sim.tick()
+    sim.tick(5.0)  # (its restart's backoff)
+    assert sim.trainer.attempt == 2
+    _looks(sim, TRAINER, 5.0)  # its restore: waits on the checkpoint service, quiet, not judged
+    sim.ready(step=49)
+    _looks(sim, TRAINER, 9.0)
+    assert sim.tick() == []
+    _looks(sim, TRAINER, 1.0)
+    (take,) = of(sim.tick(), TakeStacks)
+    assert take.reason.startswith("stuck for 10.0 s (--stuck-secs 10)") and take.stuck_for == 10.0, take
+    fresh = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    assert of(fresh.tick(), Spawn)
+    fresh.ready(step=0)
+    _looks(fresh, TRAINER, 60.0)
+    assert fresh.tick() == []
+
+
+def test_a_stuck_judgement_holds_while_its_stacks_are_taken_though_the_capture_wakes_the_main_thread():
+    """py-spy pauses the process to read it: its main thread is switched out and in (a blocking read is
+    interrupted and restarted). That is no step: the judgement holds, the signal follows the stacks at
+    once (before: the rule no longer saw the main thread asleep and the signal waited for the bound)."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.stacks_back = False
+    sim.start_trainer(3)
+    _looks(sim, TRAINER, 10.0)
+    (take,) = sim.tick()
+    assert isinstance(take, TakeStacks)
+    _looks(sim, TRAINER, 1.0, woke=3)  # the capture's pause
+    observe.stacks_back(sim.view, TRAINER, 1, {TRAINER: "in step (t.py:9), waiting in read(pipe:[7])"}, "", "/s.txt")
+    (sig,) = sim.tick()
+    assert sig.cause == Cause.HANG and sig.reason == take.reason
+
+
+@pytest.mark.parametrize("work", ["cpu", "io", "woke", "kids", "D", "T", "gap", "busy", "first", "off", "short"])
+def test_slow_work_is_never_stuck(work):
+    """What is not stuck, however long it lasts without a step (it is left to --hang-timeout): a
+    computation (an evaluation, a slow step, tracing: CPU), reading or writing (input, a checkpoint),
+    a main thread that runs (a loop that polls), a descendant that computes while the trainer waits
+    for it (a data loader's worker process), uninterruptible I/O (D: storage), a stopped or traced
+    process (T: SIGSTOP, a debugger), looks that do not cover the time (the watchdog held up), a trainer
+    busy on purpose, one before its first step; and --stuck-secs 0, or not long enough."""
+    sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=0.0 if work == "off" else 10.0), hang_grace_secs=2.0))
+    if work == "first":
+        assert of(sim.tick(), Spawn)
+        sim.ready()
+    else:
+        sim.start_trainer(3)
+    if work == "busy":
+        sim.progress(3, busy="snapshot")
+    kw = {"cpu": {"cpu": 0.3}, "io": {"io": 20000}, "woke": {"woke": 2}, "kids": {"kids_cpu": 0.5}, "D": {"state": "D"},
+          "T": {"state": "T"}, "gap": {"every": 4.0}}.get(work, {})
+    _looks(sim, TRAINER, 8.0 if work == "short" else 60.0, **kw)
+    assert sim.tick() == [], work
+
+
+def test_a_descendant_that_keeps_running_beside_the_trainer_does_not_hide_its_hang():
+    """A child using 2% of a core (a metrics agent, a TensorBoard the trainer started) is not the
+    trainer's work: the trainer asleep beside it is stuck at --stuck-secs (helper-74's attack: before,
+    the 1% limit applied to its descendants too, and every hang waited for --hang-timeout); a child
+    computing (a data loader's worker: most of a core) is."""
+    for kids_cpu, stuck in ((0.02, True), (0.5, False)):
+        sim = Sim(Limits(hang=HangLimits(600.0, 1800.0, stuck_secs=10.0), hang_grace_secs=2.0))
+        sim.start_trainer(3)
+        _looks(sim, TRAINER, 11.0, kids_cpu=kids_cpu)
+        assert bool(of(sim.tick(), TakeStacks)) == stuck, kids_cpu
+
+
+def test_stuck_reason_reads_only_the_looks_since_the_last_step():
+    """The judgement is of the last ``secs`` before ``now`` and after the last step: a computation that
+    ended 11 s ago is no alibi, a step 5 s ago is; a look missing from the window judges nothing."""
+    looks = [Activity(float(t), float(min(t, 20)), 0, 7, "S", "", 0.0, 0) for t in range(0, 31)]  # computing until 20
+    assert stuck_reason(29.5, looks, last_progress=15.0, secs=10.0) is None  # 19.5..29.5: a second of CPU in it
+    assert stuck_reason(30.0, looks, last_progress=15.0, secs=10.0) is not None  # 20..30: quiet
+    assert stuck_reason(31.0, looks, last_progress=25.0, secs=10.0) is None  # a step 6 s ago
+    assert stuck_reason(31.0, looks[:5] + looks[25:], last_progress=15.0, secs=10.0) is None  # a hole of 20 s
+    assert stuck_reason(34.0, looks, last_progress=15.0, secs=10.0) is None  # no look for 4 s: not covered
+
+
 def test_a_trainer_busy_beyond_its_busy_limit_is_hung_too():
     sim = Sim(Limits(hang=HangLimits(10.0, 60.0, busy_timeout=130.0), hang_grace_secs=2.0))
     sim.start_trainer()
     sim.progress(2, busy="snapshot")
     assert sim.tick(129.0) == []  # a long snapshot is allowed ...
-    (sig,) = sim.tick(2.0)  # ... but not forever
+    (take, sig) = sim.tick(2.0)
+    assert take == TakeStacks(TRAINER, 1, sig.reason)  # the stacks first, then the signal  # ... but not forever
     assert sig.cause == Cause.HANG and "busy with snapshot" in sig.reason
 
 
 def test_a_hung_trainer_that_saved_and_exited_42_still_counts_as_a_failure():
     sim = Sim(Limits(hang=HangLimits(10.0, 60.0), hang_grace_secs=2.0))
     sim.start_trainer()
-    (sig,) = sim.tick(11.0)
+    (take, sig) = sim.tick(11.0)
+    assert take == TakeStacks(TRAINER, 1, sig.reason)  # the stacks first, then the signal
     assert sig.cause == Cause.HANG
     sim.dies(TRAINER, 42)  # it handled the SIGTERM: saved and asked for a restart
     (r,) = of(sim.tick(), Restart)
@@ -462,7 +782,8 @@ def test_no_first_step_within_the_startup_timeout_is_a_hang():
     sim = Sim(Limits(hang=HangLimits(10.0, 60.0)))
     assert of(sim.tick(), Spawn)
     assert sim.tick(59.0) == []
-    (sig,) = sim.tick(2.0)
+    (take, sig) = sim.tick(2.0)
+    assert take == TakeStacks(TRAINER, 1, sig.reason)  # the stacks first, then the signal
     assert sig.cause == Cause.HANG and "--startup-timeout 60" in sig.reason
 
 
@@ -485,7 +806,8 @@ def test_the_start_up_snapshot_before_any_step_is_no_first_step_and_the_startup_
         [(Event.FIRST_STEP, 1, 58.0)]
     assert sim.trainer.first_step_at == 58.0 and sim.trainer.work_step == 1
     assert sim.tick(9.0) == []
-    (sig,) = sim.tick(2.0)
+    (take, sig) = sim.tick(2.0)
+    assert take == TakeStacks(TRAINER, 1, sig.reason)  # the stacks first, then the signal
     assert sig.cause == Cause.HANG and "--hang-timeout 10" in sig.reason
 
 
@@ -1023,7 +1345,7 @@ def test_a_trainer_that_stopped_stepping_is_no_stall_of_the_checkpoint_service()
         sim.progress(s)  # steps 5 s past the commit, then the trainer is stopped
     for _ in range(60):
         assert not [a for a in sim.tick(1.0) if isinstance(a, Kill) and a.slot == CHECKPOINT]
-    assert sim.trainer.hang_cause  # the hang rule judged it
+    assert sim.trainer.hang.cause  # the hang rule judged it
 
 
 def test_a_stop_while_a_start_is_asked_and_never_answered_ends_when_its_grace_does():
@@ -1040,3 +1362,19 @@ def test_a_stop_while_a_start_is_asked_and_never_answered_ends_when_its_grace_do
     assert not of(sim.tick(29.0), Finish)  # within the grace: the answer may still come
     (f,) = of(sim.tick(1.5), Finish)
     assert f.run == RunState.STOPPED and f.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_loop_of_marked_waits_without_a_step_is_bounded_by_the_hang_timeout_from_the_first_waits_start():
+    """``while not ready: with sv.waiting(): time.sleep(5)``: each wait's start says WAITING again, with no step
+    between. --hang-timeout counts from the first one: a wait repeated is the same wait. (Before, each report
+    moved the trainer's last progress: such a loop was never judged hung.)"""
+    sim = Sim(Limits(hang=HangLimits(100.0, 1800.0, stuck_secs=10.0, stacks_secs=10.0), hang_grace_secs=2.0))
+    sim.start_trainer(3)
+    for _ in range(20):  # 20 waits of 5 s, then 1 s more
+        sim.progress(3, busy="waiting")
+        _looks(sim, TRAINER, 5.0)
+        assert sim.tick() == []
+    _looks(sim, TRAINER, 1.0)
+    (sig,) = of(sim.tick(), Signal)
+    assert sig.reason.startswith("waiting in the program's sv.waiting() for 101.0 s with no step "
+                                 "(--hang-timeout 100 s)"), sig.reason

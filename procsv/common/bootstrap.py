@@ -34,7 +34,7 @@ from procsv.ipc.transport import Endpoints
 
 _PR_SET_PDEATHSIG = 1
 
-CONFIG_VERSION = 2  # ChildConfig's schema: a field added, removed or given another meaning is a new version (2: Resume)
+CONFIG_VERSION = 4  # ChildConfig's schema: a field added, removed or given another meaning is a new version (2: Resume; 3: LaunchSettings.group_in_place; 4: audit)
 
 T = TypeVar("T")
 
@@ -83,6 +83,16 @@ def _steps(raw: str) -> tuple[int, ...]:
 def _step(raw: Optional[str]) -> Optional[int]:
     """A step, or None (unset, empty, or not a step)."""
     return int(raw.strip()) if raw is not None and raw.strip().isdigit() else None
+
+
+def _interval(raw: Optional[str]) -> Optional[tuple[int, int]]:
+    """``"S1:S2"`` as the steps S1 < S2 (unset or empty: None); anything else is a ValueError naming the variable."""
+    if not raw:
+        return None
+    first, _, last = raw.partition(":")
+    if not (first.isdigit() and last.isdigit() and int(first) < int(last)):
+        raise ValueError(f"{env.AUDIT}={raw!r}: give the audited interval as S1:S2, two steps, S1 < S2")
+    return int(first), int(last)
 
 
 def _off(raw: str) -> bool:
@@ -145,6 +155,7 @@ class LaunchSettings:
     checkpoint_nice: Optional[str] = None  # PROCSV_CHECKPOINT_NICE
     memory_snapshots: str = ""  # PROCSV_MEMORY_SNAPSHOTS
     nonfinite_check: bool = True  # PROCSV_NONFINITE_CHECK (0, off, no, false: no detection)
+    group_in_place: bool = True  # PROCSV_GROUP_ROLLBACK (restart: a group's rollback always restarts every member)
     graph_fast_run: bool = True  # PROCSV_GRAPH_FAST_RUN (0: every graph run through Session.run)
 
     @staticmethod
@@ -163,6 +174,7 @@ class LaunchSettings:
             checkpoint_nice=environ.get(env.CHECKPOINT_NICE),
             memory_snapshots=environ.get(env.MEMORY_SNAPSHOTS, ""),
             nonfinite_check=not _off(environ.get(env.NONFINITE_CHECK, "")),
+            group_in_place=environ.get(env.GROUP_ROLLBACK, "").strip().lower() != "restart",
             graph_fast_run=environ.get(env.GRAPH_FAST_RUN, "1") != "0",
         )
 
@@ -234,6 +246,7 @@ class ChildConfig:
     standby: bool = False  # PROCSV_STANDBY=1
     shadow_run: bool = True  # PROCSV_SHADOW_RUN (0: a standby group's members skip the step's run on shadows)
     shadow_memory: str = ""  # PROCSV_SHADOW_MEMORY: bytes, a standby group's one figure
+    audit: Optional[tuple[int, int]] = None  # PROCSV_AUDIT: an auditor's interval (S1, S2) (issue 71); None: no auditor
     resume: Resume = Resume()  # PROCSV_SKIP_STEPS, PROCSV_ROLLBACK_BEFORE, PROCSV_LAUNCH_START_STEP
     launch: LaunchSettings = LaunchSettings()
     zygote: ZygoteConfig = ZygoteConfig()
@@ -264,6 +277,7 @@ class ChildConfig:
             standby=environ.get(env.STANDBY) == "1",
             shadow_run=environ.get(env.SHADOW_RUN) != "0",
             shadow_memory=environ.get(env.SHADOW_MEMORY, ""),
+            audit=_interval(environ.get(env.AUDIT)),
             resume=Resume.parse(environ),
             launch=LaunchSettings.parse(environ),
             zygote=ZygoteConfig.parse(environ),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 LOGDIR = "PROCSV_LOGDIR"  # the run's logdir (absolute)
 RUNTIME_DIR = "PROCSV_RUNTIME_DIR"  # the run's private runtime directory (sockets, mutexes)
-ROLE = "PROCSV_ROLE"  # trainer | checkpoint | summary | zygote
+ROLE = "PROCSV_ROLE"  # trainer | checkpoint | summary | zygote | auditor
 ATTEMPT = "PROCSV_ATTEMPT"  # 1, 2, ... per role
 CONFIG_VERSION = "PROCSV_CONFIG_VERSION"  # the schema of these variables the parent wrote (bootstrap.CONFIG_VERSION)
 PARENT_PID = "PROCSV_PARENT_PID"  # the process the child must die with
@@ -30,6 +30,7 @@ ALLOW_REINIT = "PROCSV_ALLOW_REINIT"  # "1": start from step 0 if every committe
 FAULT = "PROCSV_FAULT"  # tests only: "<process>:<point>[:<n>]" (procsv.common.faults), e.g. "checkpoint:before_rename" kills the service there
 # once; "trainer:<point>[:<n>]" hangs the first trainer attempt there (snapshot, slot_complete: mid-copy)
 FAULT_GATE = "PROCSV_FAULT_GATE"  # tests only: a file whose creation ends a stalling fault point's stall
+AUDIT = "PROCSV_AUDIT"  # "S1:S2": this trainer is an auditor replaying the committed interval S1-S2 (issue 71)
 STANDBY = "PROCSV_STANDBY"  # "1": this trainer is a hot standby (waits for SIGUSR1 before restoring)
 SHADOW_RUN = "PROCSV_SHADOW_RUN"  # "0": a standby group's members skip the step's run on shadows (the watchdog's)
 SHADOW_MEMORY = "PROCSV_SHADOW_MEMORY"  # bytes: the memory available at a standby group's fork (its members' one figure)
@@ -51,6 +52,8 @@ SKIP_STEPS = "PROCSV_SKIP_STEPS"  # a trainer: the steps the run skipped so far,
 ROLLBACK_BEFORE = "PROCSV_ROLLBACK_BEFORE"  # a group restarted for its rollback of step B: "B" (its chief restores a state before B)
 LAUNCH_START_STEP = "PROCSV_LAUNCH_START_STEP"  # a restarted trainer: the step the launch's first trainer began at
 NONFINITE_CHECK = "PROCSV_NONFINITE_CHECK"  # "0": no non-finite detection at all (to measure what it costs)
+GROUP_ROLLBACK = "PROCSV_GROUP_ROLLBACK"  # "restart": a trainer group's rollback always restarts every member (no
+# verdict at its K-th steps; to compare and measure); else in place where it can be (procsv.trainer.nonfinite.group_verdict)
 GRAPH_FAST_RUN = "PROCSV_GRAPH_FAST_RUN"  # "0": a graph session's runs all through Session.run (no callables)
 MASTER_ADDR = "PROCSV_MASTER_ADDR"  # read by procsv launch: --master-addr when the flag is not given (Kubernetes)
 PREEMPT_SIGNAL = "PROCSV_PREEMPT_SIGNAL"  # the number of --preempt-signal: every child of the run ignores it
@@ -61,9 +64,9 @@ ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's 
 
 ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
-       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
+       RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, AUDIT, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, ON_SPIKE, MAX_SKIPS, SKIP_WINDOW,
-       SKIP_STEPS, ROLLBACK_BEFORE, LAUNCH_START_STEP, FAULT_GATE, NONFINITE_CHECK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
+       SKIP_STEPS, ROLLBACK_BEFORE, LAUNCH_START_STEP, FAULT_GATE, NONFINITE_CHECK, GROUP_ROLLBACK, PS, MASTER_ADDR, PREEMPT_SIGNAL, SUMMARY_CONTINUE,
        GRAPH_FAST_RUN)
 
 

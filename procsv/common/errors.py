@@ -111,6 +111,12 @@ class LossSpiked(NonFiniteState):
         return self.onset
 
 
+class GroupRolledBack(NonFiniteState):
+    """A trainer group rolled back in place at its check of ``step`` (``procsv.trainer.nonfinite.group_verdict``):
+    every member restored the same earlier step and skips the bad ones; the rest of that boundary's work
+    (its snapshot) is for a state that is no more, and nothing else is to be done for it."""
+
+
 class TrainingDiverged(SystemExit):
     """Training stopped on non-finite values: exit code 4 ("diverging"), the message names the step."""
 

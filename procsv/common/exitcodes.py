@@ -37,6 +37,9 @@ EXIT_NO_STANDBY = 7
 # for the exit status instead of restarting early.
 DIVERGING_ERROR = "TrainingDiverged"
 GROUP_ROLLBACK_ERROR = "GroupRollback"  # ... and of a group member's exit with EXIT_GROUP_ROLLBACK
+# What a TrainingDiverged message on a loss spike says (procsv.trainer.nonfinite.spike_response: "...; --on-spike
+# stop: stopping in order with exit code 4 ..."); a non-finite stop's says --on-nonfinite instead
+SPIKE_DIVERGED = "; --on-spike "
 
 # The exit codes of ``procsv launch`` (node 0's watchdog, and a node agent, which exits with the
 # job's), as docs/guarantees.md lists them: what a scheduler's exit-code policy may name (a

@@ -8,6 +8,7 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/events.out.tfevents.*             TensorBoard event files
     <logdir>/logs/trainer.<attempt>.log        each attempt's stdout+stderr (the newest launch)
     <logdir>/logs/trainer.<attempt>.error.json the child's own traceback, if it failed
+    <logdir>/logs/trainer.<attempt>.stacks.txt every trainer's stacks, taken before it was stopped as hung
     <logdir>/logs/launch-<n>/                  an earlier launch's per-attempt logs and error files
     <logdir>/logs/lifecycle.jsonl              spawned / exited / restarted / committed ...
     <logdir>/logs/report.json                  the recovery report of the last launch
@@ -134,6 +135,10 @@ class Layout:
 
     def error_file(self, role: str, attempt: int) -> str:
         return os.path.join(self.logs, f"{role}.{attempt}.error.json")
+
+    def stacks_file(self, role: str, attempt: int) -> str:
+        """The stacks of the run's trainers taken before attempt ``attempt`` of ``role`` was stopped as hung."""
+        return os.path.join(self.logs, f"{role}.{attempt}.stacks.txt")
 
     def create(self) -> None:
         """Create the logdir and procsv's folders; raise UsageError naming the problem if it cannot."""

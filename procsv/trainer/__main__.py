@@ -41,6 +41,10 @@ def main() -> int:
               + ("" if lowered else " (SCHED_IDLE could not be undone at promotion without CAP_SYS_NICE)"),
               flush=True)
         servers.guard()  # the program's own tf.train.Server on the trainer's port: no standby for this run
+    elif config.audit is not None:  # an auditor (issue 71): on CPU the trainer leaves idle, the whole time
+        idle = priority.idle_for_good()
+        print(f"procsv: auditor of steps {config.audit[0]}-{config.audit[1]} at "
+              f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority", flush=True)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

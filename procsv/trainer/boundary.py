@@ -20,13 +20,12 @@ batch filled by a logging thread (:meth:`StepBoundary.batch_waiting`).
 
 from __future__ import annotations
 
-import os
+import contextlib
 import sys
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from procsv.common.errors import GroupRollback, NonFiniteState, TrainingDiverged, TrainingStopped
-from procsv.ipc.messages import Busy, Progress, SaveReason
+from procsv.ipc.messages import Busy, SaveReason
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.coordinator import Coordinator
@@ -183,10 +182,12 @@ class StepBoundary:
     def _checkpoint_boundary(self, step: int, ahead: float = 0.0) -> None:
         agent = self._keeper.agent if self._keeper is not None else None
         if agent is None or self._channels is None or not (self._chief or agent.group is not None) \
-                or not self.standard_started or self._coord.exception is not None:  # (a group's worker: its
-            # in-memory snapshots; a failure recorded (the runs a thread's error lets go ahead): no checkpoint
-            # of this state, as the stop commits none)
+                or self._coord.exception is not None:  # (a group's worker: its in-memory snapshots; a failure
+            # recorded (the runs a thread's error lets go ahead): no checkpoint of this state, as the stop commits none)
             self.state.set_checkpoint(NEVER, NEVER)  # no checkpoint work in this session
+            return
+        if not self.standard_started:
+            self._group_check_alone(agent, step)
             return
         # the state is still that of ``step``; its summaries are handed off first
         start = self._clock()
@@ -201,11 +202,31 @@ class StepBoundary:
         if agent.failure is not None:  # checkpoints keep failing: stop, the TF way
             self._coord.request_stop(agent.failure)
             raise TrainingStopped(str(agent.failure))
-        self.state.set_checkpoint(*agent.next_work(step, self._clock()))
+        # from the step that stands: a rollback there moved it back, and a trainer group's members must all come to
+        # the boundaries of its K-th steps again (procsv.trainer.nonfinite.group_verdict), not only where a clock says
+        self.state.set_checkpoint(*agent.next_work(self.state.step, self._clock()))
         self._rollback.bound()  # a rollback's next work
         if agent.in_flight is not None:  # summaries go right after every step now (never later than already due:
             # a graph session checks the end half's step bound after this boundary, for the same step)
             self.state.set_end(min(step + 1, self.state.end_step), self.state.end_at)
+
+    def _group_check_alone(self, agent: Any, step: int) -> None:
+        """No checkpoint work (the program started no standard services, as TF's chief-only ones often are: a
+        group's workers prepared with ``start_standard_services=False``), but a group member's K-th steps are still
+        checked: there the group's verdict exchanges every member's finding in one collective
+        (:mod:`procsv.trainer.nonfinite.group_verdict`), and a member that left it out left the others waiting in it
+        (hung, restarted, hung again at the same step). Its row holds no copy: the verdict is the group's restart."""
+        every = agent.group[2] if agent.group is not None else 0
+        if not every:
+            self.state.set_checkpoint(NEVER, NEVER)
+            return
+        if step % every == 0:
+            try:
+                agent.check_group_step(step)
+            except NonFiniteState as bad:
+                self._rollback.refused(bad, False)
+        self.state.set_checkpoint((self.state.step // every + 1) * every, NEVER)  # (from a step rolled back to)
+        self._rollback.bound()  # a rollback's next work
 
     def _after_boundary(self, now: float, slack: float = 0.0) -> None:
         """The progress-and-summaries half; a progress report due within ``slack`` s goes now."""
@@ -233,8 +254,23 @@ class StepBoundary:
         nothing), and whether the session completed a step yet (a stop before any: not its first step); the
         watchdog judges hangs by it (:mod:`procsv.watchdog.rules.hang`). No-op before a session."""
         if self._channels is not None:
-            self._channels.to_watchdog(Progress(os.getpid(), self.state.step, time.time(), busy,
-                                                self.progress.first_done))
+            self.progress.busy(self._channels, self.state.step, busy)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """``Supervisor.waiting()`` (procsv's own): ``with sv.waiting(): ...`` around a wait the program
+        knows may be long and quiet from outside (a remote service, a queue another job fills, a
+        ``time.sleep``): the watchdog's stuck rule (``--stuck-secs``) leaves the trainer, and its group,
+        alone from there to its next step; ``--hang-timeout`` still bounds it, counted from the wait's
+        start. Unmarked, such a wait is judged stuck after ``--stuck-secs`` the first time. No-op before a
+        session (and without ``procsv launch``)."""
+        self.report_busy(Busy.WAITING)
+        try:
+            yield  # (its end says nothing: the next step's report does, so a loop of marked waits without a step is bounded)
+        finally:  # that report goes at the next boundary, not throttled: before, within PROGRESS_EVERY of the last
+            # report none went, WAITING held on, and a deadlock in the next steps was left to --hang-timeout
+            self.progress.last = float("-inf")
+            self.state.open_end()
 
     def commit_checkpoint(self, deadline: Optional[float] = None) -> bool:
         """``Supervisor.commit_checkpoint``: commit a checkpoint of the last completed step now, waiting

@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from procsv.ipc.messages import Progress
+from procsv.ipc.messages import Busy, Progress
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.once import warn_once
 
@@ -188,6 +188,17 @@ class ProgressReporter:
     def __init__(self) -> None:
         self.first_done = False
         self.last = 0.0
+        self.waiting_at: Optional[int] = None  # the step of the WAITING report sent last, no other report since
+
+    def busy(self, ch: TrainerChannels, step: int, busy: Busy) -> None:
+        """Tell the watchdog what the trainer is busy with on purpose at ``step``. A marked wait again at the
+        step of the last report, itself a marked wait's, sends nothing: the watchdog keeps the first one's
+        clock for the same wait (``observe._progress``), and a program polling in a loop of ``sv.waiting()``
+        blocks sent one message per turn (thousands a second) before."""
+        if busy == Busy.WAITING and self.waiting_at == step:
+            return
+        self.waiting_at = step if busy == Busy.WAITING else None
+        ch.to_watchdog(Progress(os.getpid(), step, time.time(), busy, self.first_done))
 
     def next_at(self) -> float:
         """When the next report is due (at once before the first)."""
@@ -200,4 +211,5 @@ class ProgressReporter:
         if not self.first_done or now + slack - self.last >= PROGRESS_EVERY:
             self.first_done = True
             self.last = now
+            self.waiting_at = None
             ch.to_watchdog(Progress(os.getpid(), step, time.time(), stepped=True))

@@ -29,6 +29,8 @@ from procsv.common import bootstrap, env
 from procsv.common.errors import ProcsvError
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
+from procsv.trainer.audit import bitflip
+from procsv.trainer.audit.replay import AuditReplay, AuditSession
 from procsv.trainer import replica
 from procsv.trainer.channels import RemoteMember, TrainerChannels
 from procsv.trainer.checkpoint.commits import CHECKPOINT_FAILURE_LIMIT
@@ -374,6 +376,8 @@ class Supervisor(SupervisorNames):
         if self._rollback.detecting and child.place.nproc == 1 and env.memory_budget(child.launch.memory_snapshots) > 0:
             self._rollback.watch.losses.warm()  # the loss check's kernels, off the in-memory tier's first snapshots
         warm_secs = self._clock() - w0
+        if self._ctx is not None and child.audit is not None:  # an auditor (issue 71): S1 exactly, then no side effect
+            return self._replay(AuditReplay(self._ctx, child.audit, self.checkpoint, self._global_step))
         if self._ctx is not None and child.standby:  # a hot standby: everything before this is done already
             child = self._config = standby.wait_for_promotion(self._ctx)  # its Promotion's, no standby
         t0 = self._clock()
@@ -413,11 +417,21 @@ class Supervisor(SupervisorNames):
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
+        bitflip.arm(self._session, self.checkpoint)  # (the tests' silent corruption; nothing unless PROCSV_FAULT says)
         self._boundary.start(save=bool(self._graph and self._graph.checkpoint_at_start and start_standard_services
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts
         if (self.is_chief or self._rollback.watch.group_refusal) and self.layout is not None:  # (a group: each member)
             # the steps this run skipped before stay skipped
             self._rollback.resume(step, child.resume.skip_steps)
+        return self._session
+
+    def _replay(self, replay: AuditReplay) -> Any:
+        """An auditor's session: checkpoint S1 restored, S2 read, the step boundary the replay's alone (no
+        channels: nothing goes to the services or the watchdog until the replay's one answer)."""
+        replay.begin(graph_mode=self._graph is not None)
+        self._session = AuditSession(self._state, self.should_stop, replay)
+        self._state.step = int(self._global_step.numpy())
+        replay.claim(self._state)
         return self._session
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
@@ -462,6 +476,8 @@ class Supervisor(SupervisorNames):
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
+        if isinstance(self._session, AuditSession):  # an auditor's program ended (at S2, its last step: compare)
+            self._session.replay.end(self._state.step)
         self._stopped = self._started
         channels = self._channels
         if channels is None:

@@ -43,6 +43,7 @@ class SupervisorNames:
     start_queue_runners = Forward(Tf1Surface.start_queue_runners, "_surface")
     loop = Forward(Tf1Surface.loop, "_surface")
     commit_checkpoint = Forward(StepBoundary.commit_checkpoint, "_boundary")
+    waiting = Forward(StepBoundary.waiting, "_boundary")
     warm_up = Forward(WarmUps.warm_up, "_warm_ups")
     # the collaborators' values that TF's Supervisor does not have (a subclass may shadow them)
     graph: ForwardValue[Any] = ForwardValue("_surface", "The program's tf.Graph in graph mode; None in eager mode.")

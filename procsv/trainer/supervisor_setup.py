@@ -13,6 +13,7 @@ the Supervisor keeps what they return.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -25,6 +26,7 @@ from procsv.trainer.checkpoint.commits import SAVE_DEADLINE_FLOOR
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.restore import ReadRetry
 from procsv.trainer.coordinator import Coordinator
+from procsv.trainer.graph import replayable
 from procsv.trainer.graph.state import CountedStep
 from procsv.trainer.graph.supervised import GraphSupervision
 from procsv.trainer.nonfinite.rollback import NonfiniteRollback
@@ -219,7 +221,8 @@ def collaborators(state: StepState, coord: Coordinator, tf1: Tf1Choices, checkpo
                            deadline=bootstrap.resolve(None, config.launch.summary_deadline, SUMMARY_DEADLINE))
     rollback = NonfiniteRollback(state, state.counter, keeper, checkpoint, lambda: summaries.flush(force=True), clock,
                                  settings, *nonfinite, config=config, on_spike=spike[0], spike_thresholds=spike[1],
-                                 graph=tf1.graph is not None)
+                                 graph_input=None if tf1.graph is None else functools.partial(replayable.input_inside,
+                                                                                            tf1.graph.graph))
     boundary = StepBoundary(state, clock, coord, keeper, summaries, rollback, settings, chief=chief)
     graph = None
     if tf1.graph is not None:

@@ -17,15 +17,22 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
 
 
-def signal_reports(view: RunView, action: Signal, limits: Limits) -> list[Report]:
-    """What to record when a signal is sent to a child (a hang, a group stop, chaos)."""
+def signal_reports(view: RunView, action: Signal, limits: Limits, now: float) -> list[Report]:
+    """What to record when a signal is sent to a child (a hang, a group stop, chaos) at ``now``."""
     child = find(view, action.slot, action.attempt)
     assert child is not None
     if action.cause == Cause.HANG:
         name = child.slot if child.role == WORKER else "trainer"
+        h = child.hang
+        where = h.where if h.stacks_in else (f"its stacks were not back within {limits.hang.stacks_secs:g} s"
+                                             if h.stacks_asked_at is not None else "")
+        said = (f"; {where}" if where else "") + (f"; the stacks blame {h.culprit}" if h.culprit else "") + \
+            (f" (every trainer's stacks: {h.stacks})" if h.stacks else "")
         return [Report(Event.HANG_DETECTED, {"pid": child.pid, "attempt": child.attempt, "step": child.step,
-                                             "reason": action.reason},
-                       say=f"procsv: {name} attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}; "
+                                             "reason": action.reason, "where": where, "culprit": h.culprit,
+                                             "stacks": h.stacks, "stacks_secs": round(now - h.stacks_asked_at, 3)
+                                             if h.stacks_asked_at is not None else 0.0},
+                       say=f"procsv: {name} attempt {child.attempt} (pid {child.pid}) is hung: {action.reason}{said}; "
                            f"sending SIGTERM, SIGKILL in {limits.hang_grace_secs:g} s", err=True)]
     if action.cause == Cause.GROUP:
         who = child.slot if child.role == WORKER else "chief"
@@ -55,6 +62,8 @@ def kill_reports(view: RunView, action: Kill, limits: Limits) -> list[Report]:
         return [Report(say=f"procsv: {child.slot} did not stop within {limits.stop_grace_secs / 2:g} s (half of "
                            "--stop-grace-secs); killing it before the chief commits", err=True)]
     grace = limits.hang_grace_secs if action.cause == Cause.HANG else limits.stop_grace_secs
+    if action.cause == Cause.AUDIT:  # (its line is the audit's verdict, said with its record)
+        return []
     if action.cause == Cause.REGROUP:  # (said once, for the chief)
         return [] if child.role == WORKER else [Report(say=_KILL_LINES[action.cause].format(reason=action.reason),
                                                       err=True)]
@@ -67,8 +76,8 @@ def restart_reports(view: RunView, action: Restart) -> list[Report]:
     child = find(view, action.slot, action.attempt)
     assert child is not None
     nxt = {"attempt": action.attempt + 1, "delay": round(action.delay, 3), "rollback_step": action.skip}
-    if action.regroup:  # rule 15: ended on purpose at a checkpoint boundary; the line was said at the kill
-        return [Report(Event.RESTARTING, {**nxt, "error": "regroup"})]
+    if action.regroup:  # rule 15 (or an audit's rollback): ended on purpose; the line was said at the kill
+        return [Report(Event.RESTARTING, {**nxt, "error": view.findings.audit_rollbacks.get(child.attempt, "regroup")})]
     if action.preempted:
         return [Report(say=f"procsv: trainer attempt {action.attempt} was preempted and saved its state; "
                            "restarting"),
@@ -113,8 +122,7 @@ def membership_reports(view: RunView, before: tuple[int, ...], nodes: tuple[int,
         n = view.nodes.get(node)
         whys.append(f"node {node} did not join within --rejoin-timeout {limits.rejoin_timeout:g} s" if n is None or
                     n.last_beat is None else f"node {node} ({n.host}) is gone" + (
-                        f" (lost {now - n.lost_at:.1f} s ago, past --rejoin-timeout {limits.rejoin_timeout:g} s)"
-                        if n.lost_at is not None else ""))
+                        f" (found lost {now - n.lost_at:.1f} s ago)" if n.lost_at is not None else ""))
     whys += [f"node {node} ({view.nodes[node].host}) is back" for node in joined if node in view.nodes]
     world = len(nodes) * limits.nproc
     reason = "; ".join(whys) or "every host"
@@ -141,12 +149,25 @@ _KILL_LINES = {
 
 
 def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Report]:
-    """What to record when a host is found lost (rule 12): its cause, named with ``--node-timeout``."""
-    why = f"its agent sent no heartbeat for {action.silent_secs:.1f} s (--node-timeout {limits.node_timeout:g})"
+    """What to record when a host is found lost (rule 12): its cause, named with ``--node-timeout``, with
+    the probes its host's kernel left unanswered (the fast path: a silent host, not a slow agent), or with the
+    reset its host answered (its agent gone)."""
+    if action.reset:
+        why = f"its agent sent no heartbeat for {action.silent_secs:.2f} s and its host answered a probe with a " \
+              f"reset (no agent listens on its probe port: the agent is gone; before --node-timeout " \
+              f"{limits.node_timeout:g})"
+    elif action.unanswered is None:
+        why = f"its agent sent no heartbeat for {action.silent_secs:.1f} s (--node-timeout {limits.node_timeout:g})"
+    else:
+        why = f"its agent sent no heartbeat for {action.silent_secs:.2f} s and its host answered no probe for " \
+              f"{action.unanswered:.2f} s (silent, not slow; before --node-timeout {limits.node_timeout:g})"
     return [Report(Event.NODE_LOST, {"node": action.node, "host": host, "silent_secs": round(action.silent_secs, 3),
                                      "reason": why},
                    say=f"procsv: node {action.node} ({host}) is lost: {why}; its trainers count as dead; the group "
-                       f"restarts once it is back (waiting up to --rejoin-timeout {limits.rejoin_timeout:g} s)", err=True)]
+                       + (f"restarts at once on the hosts left (--min-nodes {limits.min_nodes}), and takes it back at "
+                          "a checkpoint once it is back" if limits.elastic else
+                          f"restarts once it is back (waiting up to --rejoin-timeout {limits.rejoin_timeout:g} s)"),
+                   err=True)]
 
 
 def task_gave_up_reports(view: RunView, action: GiveUpTask) -> list[Report]:

@@ -3,8 +3,10 @@
 Runs in the ``procsv launch`` process (the watchdog), called from its loop
 (:mod:`procsv.watchdog.launcher`). :class:`Plumbing` owns what the loop is built on and takes it
 down again in order: the private runtime directory (sockets only this user can reach), the ZeroMQ
-context, the PULL socket the children report to, the one poller, the non-blocking sender of
-procsv's own scalars (:class:`~procsv.watchdog.publish.runscalars.ScalarSender`) and the wakeup socket
+context, the PULL socket the children report to (and, on node 0 of a job over hosts, the ROUTER where
+``procsv stacks`` asks for the other hosts' stacks), the one poller, the non-blocking sender of
+procsv's own scalars (:class:`~procsv.watchdog.publish.runscalars.ScalarSender`), ``--audit``'s DEALER to the
+checkpoint service (:meth:`Plumbing.audit_link`) and the wakeup socket
 that turns SIGTERM/SIGINT into a readable fd. :func:`standby_choice` says once whether a hot
 standby may run (:mod:`procsv.watchdog.rules.standby` holds the pure memory rule).
 """
@@ -20,9 +22,12 @@ import psutil
 import zmq
 
 from procsv.common.layout import RuntimeDir, release_runtime_dir
-from procsv.ipc.transport import Endpoints, bind_private, make_socket
+from procsv.ipc.messages import Message
+from procsv.ipc.transport import Endpoints, bind_private, make_socket, send
+from procsv.watchdog.audit.auditors import Auditors
 from procsv.watchdog.rules import standby
 from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.multihost.stackasks import StackAsks, StacksDesk
 from procsv.watchdog.publish.runscalars import ScalarSender
 from procsv.watchdog.rules.state import TRAINER, RunView
 
@@ -61,6 +66,27 @@ class Plumbing:
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         self._old: dict[int, Handler] = {s: signal.signal(s, lambda signum, frame: None) for s in self.stops}
         self.poller.register(self.wake_r.fileno(), zmq.POLLIN)
+        self.desk: Optional[StacksDesk] = None  # node 0's of a job over hosts: procsv stacks asks there
+        self.holds: Optional[zmq.Socket[Any]] = None  # --audit: the DEALER to checkpoint.sock (AuditHold)
+        self.audits: Optional[Auditors] = None  # --audit's executor, driven by the loop (set once the executor is)
+
+    def audit_link(self) -> Callable[[Message], None]:
+        """``--audit``: a DEALER to ``checkpoint.sock`` and how to send on it, never blocking (AuditHold: the
+        steps retention keeps for the audit; a message the queue cannot take is dropped, the next says it all)."""
+        self.holds = make_socket(self.zctx, zmq.DEALER, sndhwm=16)
+        self.holds.connect(Endpoints(self.runtime_dir).checkpoint)
+        sock = self.holds
+
+        def tell(msg: Message) -> None:
+            send(sock, msg)
+        return tell
+
+    def serve_stacks(self, asks: StackAsks, view: RunView) -> str:
+        """Node 0 of a job over hosts: bind the ROUTER where ``procsv stacks`` asks for the other hosts'
+        members' stacks (:class:`StacksDesk`), in the poller; its endpoint."""
+        self.desk = StacksDesk(self.zctx, self.runtime_dir, asks, view)
+        self.poller.register(self.desk.sock, zmq.POLLIN)
+        return self.desk.endpoint
 
     def stop_signals(self) -> list[int]:
         """The SIGTERM/SIGINT/SIGHUP (and --preempt-signal) that arrived since the last call (in order)."""
@@ -77,7 +103,11 @@ class Plumbing:
         self.wake_r.close()
         self._wake_w.close()
         self.pull.close(0)
+        if self.desk is not None:
+            self.desk.close()
         self.scalars.close()
+        if self.holds is not None:
+            self.holds.close(0)
         self.zctx.term()
         release_runtime_dir(self.runtime_dir)
 

@@ -27,7 +27,7 @@ from procsv.common.mutex import RobustMutex
 from procsv.watchdog.deathwatch import DeathWatch
 from procsv.watchdog.prewarm import Adopted, Zygote
 from procsv.watchdog.rules.failures import ChildError
-from procsv.watchdog.rules.state import STANDBY
+from procsv.watchdog.rules.state import STANDBY, Activity
 
 Process = Union["subprocess.Popen[bytes]", Adopted]
 
@@ -65,6 +65,7 @@ class ChildProcess:
         self.log_pos = 0
         self.echoes = True  # False once another attempt's process took over its log (see take_over_log)
         self.killed_at: Optional[float] = None  # when it was first SIGKILLed (the watchdog's clock)
+        self.look: Optional[Activity] = None  # a node agent's member: the last look at it from /proc (sent to node 0)
 
     @property
     def pid(self) -> int:

@@ -39,6 +39,7 @@ class TrainerSettings:
     # --suspect-after: a host's transient faults (loss spikes not again when replayed) in a launch that make it
     # reported as suspect (procsv.watchdog.rules.findings); the watchdog's own, not told to the trainers
     suspect_after: int = SUSPECT_AFTER
+    audit: str = "off"  # --audit: off | sampled | every (issue 71: procsv.watchdog.audit); the watchdog's own
 
     def nonfinite_env(self) -> dict[str, str]:
         """What the trainer is told of --on-nonfinite, --on-spike, --max-skips and --skip-window
@@ -51,6 +52,17 @@ class TrainerSettings:
         return out
 
 
+@dataclass(frozen=True)
+class HangSettings:
+    """What the launch is told of hangs: ``--hang-timeout`` (a step's upper bound), ``--startup-timeout``,
+    ``--hang-grace-secs`` (SIGTERM to SIGKILL) and ``--stuck-secs`` (no step and no activity: a hang)."""
+
+    timeout: float = 600.0
+    startup_timeout: float = 1800.0
+    grace_secs: float = 10.0
+    stuck_secs: float = 10.0
+
+
 @dataclass
 class LaunchConfig:
     """The launch's command line."""
@@ -61,9 +73,7 @@ class LaunchConfig:
     max_restarts: int = 10
     stop_grace_secs: float = 120.0
     quiet: bool = False
-    hang_timeout: float = 600.0
-    startup_timeout: float = 1800.0
-    hang_grace_secs: float = 10.0
+    hang: HangSettings = HangSettings()  # --hang-timeout, --startup-timeout, --hang-grace-secs, --stuck-secs
     chaos: Optional[str] = None
     prewarm: bool = True
     standby: str = "auto"  # --standby: auto | hot | fork | off (procsv.watchdog.rules.standby)
@@ -95,12 +105,13 @@ class LaunchConfig:
     def busy_timeout(self) -> Optional[float]:
         """How long a trainer may be busy on purpose (a snapshot, its final checkpoint) before it is
         hung: a step's limit plus the time the final checkpoint may take."""
-        return self.hang_timeout + self.stop_grace_secs if self.hang_timeout > 0 else None
+        return self.hang.timeout + self.stop_grace_secs if self.hang.timeout > 0 else None
 
     def limits(self) -> Limits:
         return Limits(restart=RestartPolicy(max_restarts=self.max_restarts),
-                      hang=HangLimits(self.hang_timeout, self.startup_timeout, self.busy_timeout),
-                      stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang_grace_secs,
+                      hang=HangLimits(self.hang.timeout, self.hang.startup_timeout, self.busy_timeout,
+                                      stuck_secs=self.hang.stuck_secs),
+                      stop_grace_secs=self.stop_grace_secs, hang_grace_secs=self.hang.grace_secs,
                       checkpoint_failure_limit=3 if self.on_checkpoint_failure == "stop" else 0,
                       chaos=parse_chaos(self.chaos) if self.chaos else None, nproc=self.nproc,
                       group_grace_secs=self.group_grace_secs, nnodes=self.nnodes,

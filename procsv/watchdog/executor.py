@@ -5,7 +5,10 @@ from the pre-warmed trainer when it is ready; send a signal; kill a process grou
 consequences in the view (:func:`procsv.watchdog.rules.bookkeeping.note`), and reports it (lifecycle event,
 terminal line). A start never waits on the logdir: a child opens its own log (:func:`procsv.common.spawn.logged_argv`);
 rotating per-attempt logs (:mod:`~procsv.watchdog.logrotate`) is the writer thread's (:attr:`Executor.disk`).
-It owns the live handles, the pre-warmed trainer, the chaos rng; ``--ps`` tasks start through :mod:`.pstasks`.
+It owns the live handles, the pre-warmed trainer, the chaos rng, the captures of a hang's stacks
+(:class:`~procsv.watchdog.stacks.artifact.Captures`: with ``--nnodes``, the other hosts' too, asked of their agents); ``--ps`` tasks start through :mod:`.pstasks`.
+
+One concern: performing the decision function's actions on the run's real processes.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_
                                          stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Finish, GiveUp, GiveUpService, GiveUpTask,
                                      Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
-                                     StartZygote, StopFailing)
+                                     StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
 from procsv.watchdog.rules.limits import Limits
@@ -47,12 +50,18 @@ from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.watchdog.rules import standby
-from procsv.watchdog.rules.group import blame, rank_of, worker_slot
-from procsv.watchdog.rules.state import (CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
+from procsv.watchdog.rules.group import blame, rank_of, worker_slot, workers as group_workers
+from procsv.watchdog.rules.state import (AUDITOR, CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
                                          ZygoteState)
 from procsv.watchdog.seeds import ServiceSeed
+from procsv.watchdog.multihost.stackasks import remote_members
+from procsv.watchdog.stacks.artifact import Captures
+from procsv.watchdog.stacks.capture import LOOK_EVERY, activity
 
 Sink = Callable[[list[Report]], None]
+
+
+AUDIT_FORK_RANK = 2000  # an auditor's fork is answered under this rank (the workers' under their task, PS_FORK_RANK + i)
 
 
 class Executor(Prewarmed):
@@ -77,6 +86,7 @@ class Executor(Prewarmed):
         ps_host = cfg.master_addr.rpartition(":")[0] if limits.nnodes > 1 and cfg.master_addr else "127.0.0.1"
         self.ps_cluster = PsCluster(limits.ps, limits.nproc, limits.coordinator, limits.nnodes, ps_host) \
             if limits.ps else None  # --ps N --workers M
+        self.captures = Captures()  # the stacks taken before a hang's SIGTERM (rule 4), by a thread of their own
         self.chaos_rng = chaos_rng or random.Random(limits.chaos.seed if limits.chaos else None)
         if limits.chaos is not None:
             view.chaos_next_delay = limits.chaos.delay(self.chaos_rng)
@@ -130,12 +140,16 @@ class Executor(Prewarmed):
             note(self.view, action, now, self.limits)
             self.report(stop_failing_reports(action, self.layout.logdir))
             return
+        if isinstance(action, TakeStacks):
+            note(self.view, action, now, self.limits)
+            self._take_stacks(action)
+            return
         child = find(self.view, action.slot, action.attempt)
         handle = self.handles.get((action.slot, action.attempt))
         reports: list[Report] = []
         remote = child.node if child is not None and handle is None and self.remote is not None else 0
         if isinstance(action, Signal):
-            reports += signal_reports(self.view, action, self.limits)
+            reports += signal_reports(self.view, action, self.limits, now)
             if handle is not None:
                 handle.send_signal(action.sig)
             elif remote:
@@ -305,10 +319,48 @@ class Executor(Prewarmed):
         if mutex is not None:  # no standby this time: no process will hold its mutex
             mutex.remove()
 
+    def fork_auditor(self, attempt: int, extra: dict[str, str]) -> bool:
+        """Ask the zygote for auditor ``attempt`` (issue 71: a trainer process of its own role, told its interval in
+        ``extra``), from the zygote only, holding no death-notice mutex; False: not asked (no zygote ready)."""
+        env = {**self._env(AUDITOR, attempt), **extra}
+        pending = PendingFork(AUDITOR, attempt, env, self.layout.attempt_log(AUDITOR, attempt), None, AUDITOR,
+                              AUDIT_FORK_RANK)
+        return self.fork(pending, self.cfg.target, self.cfg.args)
+
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""
         return self.ask_zygote(pending, target, args, self.cfg.cwd)
+
+    def _take_stacks(self, action: TakeStacks) -> None:
+        """Hand the capture of every trainer process of this host to the capture thread (rule 4, issue 69)."""
+        hung = find(self.view, action.slot, action.attempt)
+        assert hung is not None
+        targets = [(c.slot, c.pid) for c in self.view.trainers() + group_workers(self.view)
+                   if c.live and (c.slot, c.attempt) in self.handles]
+        headline = (f"procsv: the stacks of the run's trainers, taken when {action.slot} attempt {action.attempt} "
+                    f"(pid {hung.pid}) was judged hung at step {hung.step}: {action.reason}")
+        timeout = max(1.0, self.limits.hang.stacks_secs - 0.5)
+        others = remote_members(self.view) if self.remote is not None else {}  # (their agents read them)
+        ask = self.remote.stacks.ask(others, False, timeout).wait if self.remote is not None and others else None
+        host = (self.cfg.master_addr or "").rpartition(":")[0] if self.remote is not None else ""  # node 0's
+        self.captures.take(action.slot, action.attempt, targets, self.layout.stacks_file(action.slot, action.attempt),
+                           headline, timeout, ask, host)
+
+    def look_at_trainers(self, now: float) -> None:
+        """A look at each live trainer process of this host from ``/proc`` (the stuck rule's samples; with
+        ``--ps`` the parameter servers and the workers' servers too), at most every :data:`LOOK_EVERY` seconds."""
+        for c in [c for c in self.view.children.values() if c.role in (TRAINER, WORKER, PS, SERVER)]:
+            if not c.live or (c.slot, c.attempt) not in self.handles or \
+                    (c.hang.samples and now - c.hang.samples[-1].at < LOOK_EVERY):
+                continue
+            if (sample := activity(c.pid, now, c.hang.samples[-1] if c.hang.samples else None)) is not None:
+                observe.looked_at(self.view, c.slot, c.attempt, sample, self.limits.hang)
+
+    def poll_stacks(self) -> None:
+        """Take the captures that are done (the next decision signals their hung attempt). Call every round."""
+        for taken in self.captures.done():
+            observe.stacks_back(self.view, taken.slot, taken.attempt, taken.where, taken.culprit, taken.path)
 
     def poll_fork(self) -> None:
         """Complete the trainer starts asked of the zygote: an answer arrived, or it is overdue or
@@ -324,7 +376,7 @@ class Executor(Prewarmed):
             # one's death)
             if pending.mutex is not None:
                 pending.mutex.remove()
-            if pending.role != STANDBY:
+            if pending.role not in (STANDBY, AUDITOR):  # (an auditor comes from the zygote or not at all)
                 mutex = death_mutex(pending.mutex.path.removesuffix(".mutex") + ".fresh.mutex", pending.env) \
                     if pending.mutex is not None else None
                 self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
@@ -388,6 +440,7 @@ class Executor(Prewarmed):
         """SIGKILL and reap whatever still runs (the end of the launch, however it ends)."""
         lines = end_all(list(self.handles.values()), self.zygotes(), self.unreaped, self.clock)
         self.handles.clear()
+        self.captures.close()
         self.report([Report(say=line, err=True) for line in lines])
 
     def give_up(self, handle: ChildProcess) -> None:

@@ -43,9 +43,9 @@ from procsv.common import env, faults
 from procsv.common.bootstrap import write_error_record
 from procsv.common.layout import Layout, LogdirLock
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, MemberEnded, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
+from procsv.ipc.messages import (AuditResult, GroupCopyHeld, GroupCopyRefused, Hello, MemberEnded, MemberLooked, MemberStarted, NodeHello, NonfiniteDetected, Progress, Relayed,
                                  ServiceLoading,
-                                 RolledBack, SaveOverdue, SaveResult, SpikeDetected, SpikeReplayed, StandbyReady,
+                                 RolledBack, SaveOverdue, SaveResult, SpikeDetected, SpikeReplayed, StacksTaken, StandbyReady,
                                  StepSkipped,
                                  SummaryOverdue,
                                  TrainerReady)
@@ -72,6 +72,7 @@ from procsv.watchdog.publish.events import Report
 from procsv.watchdog.onfailure import run_on_failure
 from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.findings import Findings
+from procsv.watchdog.audit.auditors import Auditors
 from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
 
 TICK_MS = 100
@@ -81,7 +82,7 @@ DRAIN_MAX = 1000  # messages read from the PULL socket per wakeup (the poller fi
 ACCEPT = frozenset({Hello, TrainerReady, Progress, SaveResult, SaveOverdue, SummaryOverdue, StandbyReady,
                     NonfiniteDetected, RolledBack, StepSkipped, SpikeDetected, SpikeReplayed, ServiceLoading,
                     GroupCopyHeld,
-                    GroupCopyRefused})  # what children send
+                    GroupCopyRefused, AuditResult})  # what children send
 
 __all__ = ["LaunchConfig", "Watchdog", "check_target"]
 
@@ -181,6 +182,8 @@ class Watchdog:
         ex = self.ex = Executor(self.cfg, self.layout, pipes.runtime_dir, self.view, self.limits, self.out.record,
                                 self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
+        pipes.audits = Auditors(self.cfg.trainer.audit, ex, self.view, self.limits.world, self.out.record,
+                                pipes.audit_link() if self.cfg.trainer.audit != "off" else lambda msg: None)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
         launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/
@@ -189,6 +192,7 @@ class Watchdog:
             ex.remote = RemoteMembers(self.link, self.view, self.layout, self.cfg.nproc,
                                       self.out.record, self.clock, self.out.io.reads)
             pipes.poller.register(self.link.sock, zmq.POLLIN)
+            self.out.serve_stacks(pipes.serve_stacks(ex.remote.stacks, self.view))  # procsv stacks asks here
             self.out.say(f"procsv: node 0 of {self.cfg.nnodes}: waiting for the other hosts at "
                          f"{self.cfg.master_addr} (job {self.link.job})")
         self.out.record([Report(Event.LAUNCH, {"target": self.cfg.target, "args": self.cfg.args,
@@ -206,7 +210,7 @@ class Watchdog:
             while not (self.view.finishing and not ex.handles and not ends.pending
                        and not (remote is not None and remote.live())):
                 try:
-                    for sock, _ in pipes.poller.poll(TICK_MS):
+                    for sock, _ in pipes.poller.poll(TICK_MS if self.link is None else self.link.poll_ms(TICK_MS)):
                         self._dispatch(sock)
                     self.round()
                 except Exception as exc:  # a bug in procsv itself: stop the run in order
@@ -227,6 +231,8 @@ class Watchdog:
             self._on_zygote()
         elif self.link is not None and sock is self.link.sock:
             self._on_nodes()
+        elif self.pipes.desk is not None and sock is self.pipes.desk.sock:
+            self.pipes.desk.receive()
         elif sock == self.ends.notice_fd:
             self.ends.drain_notices(self.ex)
         elif sock == self.out.io.reads.fd:
@@ -263,6 +269,10 @@ class Watchdog:
                 self.ex.remote.ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall(), msg.signalled)
             elif isinstance(msg, Relayed) and payload:
                 self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
+            elif isinstance(msg, StacksTaken) and self.ex.remote is not None:
+                self.ex.remote.stacks.answered(node, msg)
+            elif isinstance(msg, MemberLooked):
+                observe.member_looked(self.view, msg, self.clock(), self.limits.hang)
             self.out.changed()
         if self.ex.remote is not None:
             self.ex.remote.resend(self.link.take_rerouted())  # a start that went down a replaced connection
@@ -315,12 +325,20 @@ class Watchdog:
         self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()
+        self.ex.poll_stacks()
+        if self.limits.hang.stuck_secs > 0:
+            self.ex.look_at_trainers(self.clock())
         if self.link is not None:
             self.link.beat()
+            self.link.probe()  # (rule 12: the answers observed before the decision)
+        if self.pipes.desk is not None:
+            self.pipes.desk.reply(self.clock())
         if self.limits.world > 1:
             self._probe_stopped()
         if self.view.standby_ok is None:
             self._decide_standby()
+        if self.pipes.audits is not None:
+            self.pipes.audits.round()
         for _ in range(3):  # an action may make another due at once (a restart with delay 0: promote now)
             actions = decide(self.view, self.clock(), self.limits, self.rng.random())
             for action in actions:
@@ -356,7 +374,8 @@ class Watchdog:
     def _sweep(self, final: bool = False) -> None:
         """Kill and reap what the run left behind (:meth:`Sweeper.sweep`): this process's own children
         are the executor's handles, its zygotes and the children it gave up on."""
-        self.sweeper.sweep({h.pid for h in self.ex.handles.values()} | self.ex.unreaped.pids, self.ex, final)
+        self.sweeper.sweep({h.pid for h in self.ex.handles.values()} | self.ex.unreaped.pids | (set() if final else self.ex.captures.pids()),
+                           self.ex, final)
 
     def _decide_standby(self) -> None:
         """Whether a hot standby may run (once: ``--standby``, and for ``auto`` the memory rule at
@@ -381,6 +400,8 @@ class Watchdog:
             if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in known:
                 self._on_zygote()  # a forked sender runs only once the zygote's answer naming it is written
             self.out.record(observe.heard(self.view, got.msg, self.clock()))
+            if self.pipes.audits is not None:
+                self.pipes.audits.heard(got.msg)  # (after the view took it: a commit's rollback bound first)
             self.out.changed()
             if isinstance(got.msg, SaveResult) and not got.msg.ok:
                 self.logdir.check()  # a save that fails may be the first sign of a lost logdir

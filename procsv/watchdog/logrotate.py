@@ -1,7 +1,8 @@
 """Rotation of per-attempt log files: keep the first attempt's and the last N, delete the rest.
 
 Runs in the watchdog. Every attempt of every role gets ``logs/<role>.<attempt>.log`` (and, if it
-failed on its own, ``logs/<role>.<attempt>.error.json``); a run that restarts its trainer every
+failed on its own, ``logs/<role>.<attempt>.error.json``; if it was found hung, the stacks taken
+before its kill, ``logs/<role>.<attempt>.stacks.txt``); a run that restarts its trainer every
 few minutes for weeks would otherwise fill ``logs/`` with thousands of them. After the executor
 starts attempt K of a role it calls :func:`rotate`, which keeps, for that role:
 
@@ -32,8 +33,8 @@ from procsv.common import faults
 
 DEFAULT_KEEP = 10
 
-_NAME = re.compile(r"^(?P<role>[a-z]+[0-9]*)\.(?P<attempt>[0-9]+)\.(?:log|error\.json)$")  # worker1.3.log
-_ANY_ATTEMPT = re.compile(r"^[a-z][a-z0-9-]*\.[0-9]+\.(?:log|error\.json)$")  # zygote-node1.1.log too
+_NAME = re.compile(r"^(?P<role>[a-z]+[0-9]*)\.(?P<attempt>[0-9]+)\.(?:log|error\.json|stacks\.txt)$")  # worker1.3.log
+_ANY_ATTEMPT = re.compile(r"^[a-z][a-z0-9-]*\.[0-9]+\.(?:log|error\.json|stacks\.txt)$")  # zygote-node1.1.log too
 LAUNCH_DIR = re.compile(r"^launch-(?P<n>[0-9]+)$")
 
 

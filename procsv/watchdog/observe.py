@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Any, Optional
 
-from procsv.ipc.messages import (GroupCopyHeld, GroupCopyRefused, Hello, Message, NodeHello, NonfiniteDetected, Progress,
+from procsv.ipc.messages import (Busy, GroupCopyHeld, GroupCopyRefused, Hello, MemberLooked, Message, NodeHello, NonfiniteDetected, Progress,
                                  RolledBack, SaveOverdue, SaveResult, ServiceLoading, SpikeDetected, SpikeReplayed,
                                  StandbyReady, StepSkipped, SummaryOverdue, TrainerReady)
 from procsv.watchdog.rules.bookkeeping import find, request_stop
@@ -24,13 +24,17 @@ from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, workers
+from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
+from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, ChildView, NodeView, RunView, ZygoteState
+from procsv.watchdog.rules.state import (PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
+                                         ZygoteState)
 
 
 def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: float, via: str,
             create_time: Optional[float] = None) -> list[Report]:
     child = ChildView(slot, role, attempt, pid, now, create_time=create_time)
+    inherit(child, view.children.get(slot))  # what the stuck rule learned of its slot's quiet waits (issue 69)
     view.children[slot] = child
     if role == TRAINER:
         view.attempts.append(child)
@@ -124,6 +128,7 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
         return []
     busy = str(_plain(msg.busy))
     out = []
+    stepped_before = child.first_step_at is not None
     if child.first_step_at is None and not busy and msg.stepped:  # (not the start-up snapshot's end: no step yet)
         child.first_step_at = now
         child.first_step_no = msg.step
@@ -135,8 +140,16 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
     child.step = msg.step
     if child.role == TRAINER:  # the run's step is the chief's (a group's workers take the same steps)
         view.step = msg.step
+    marked = child.busy == Busy.WAITING  # (the step after the program's own marked wait: that wait teaches nothing)
     child.note_busy(busy, now)
-    child.last_progress_at = now
+    if not busy and msg.stepped and stepped_before and child.hang.samples and not marked:  # (not a start's wait: a standby's)
+        # a quiet wait that ended in this step was slow work, not a hang: the stuck rule learns its length
+        waited = quiet_span(now, child.hang.samples, stuck_peers(view, child))
+        if child.last_progress_at is not None:  # (since its step before: a step's own work may not show)
+            waited = min(waited, now - child.last_progress_at)
+        child.hang.quiet_max = max(child.hang.quiet_max, waited)
+    if not (marked and busy == Busy.WAITING):  # (a marked wait again, no step since: the same wait, its clock
+        child.last_progress_at = now        # from the first one's start; else a loop of them was never bounded)
     if not busy and child.first_step_at is not None:
         child.last_work_at, child.work_step = now, msg.step
     return out
@@ -213,11 +226,15 @@ def _nonfinite(view: RunView, msg: NonfiniteDetected | RolledBack | StepSkipped,
            for f in ended(view.nonfinite_log)]  # acted on: the next one is a first
     if isinstance(msg, RolledBack):
         view.rollbacks += 1
+        if msg.group:  # a trainer group's rollback in place: its members' reports of the step are settled by it
+            view.findings.group_in_place += 1
+            for m in members(view, trainer):
+                m.nonfinite_step, m.last_report = None, None
         trainer.rolled_back(msg.step - msg.restored_step, msg.restore_secs)  # goodput: re-done steps, a restore
         return out + [Report(Event.ROLLED_BACK, {"pid": msg.pid, "step": msg.step, "restored_step": msg.restored_step,
                                                  "source": _plain(msg.source), "path": msg.path, "skip": msg.skip,
                                                  "secs": round(msg.restore_secs, 4), "epoch": msg.epoch,
-                                                 "batch": msg.batch})]
+                                                 "batch": msg.batch, "group": msg.group})]
     if msg.step not in view.skipped_steps:
         view.skipped_steps = sorted([*view.skipped_steps, msg.step])
     return out + [Report(Event.STEP_SKIPPED, {"pid": msg.pid, "step": msg.step, "epoch": msg.epoch, "batch": msg.batch,
@@ -242,8 +259,9 @@ def _spike(view: RunView, msg: SpikeDetected | SpikeReplayed, slot: Optional[str
     if isinstance(msg, SpikeReplayed):
         out = [Report(Event.SPIKE_REPLAYED, {"pid": msg.pid, "step": msg.step, "onset": msg.onset,
                                              "reproduced": msg.reproduced, "loss": msg.loss,
-                                             "replay_loss": msg.replay_loss, "host": msg.host})]
-        if found.replayed(msg.host, msg.reproduced):
+                                             "replay_loss": msg.replay_loss, "host": msg.host,
+                                             "differs_at": msg.differs_at})]
+        if found.replayed(msg.host, msg.reproduced, msg.differs_at is not None):
             n = found.transient[msg.host]
             out.append(Report(Event.HOST_SUSPECT, {"host": msg.host, "faults": n, "limit": found.suspect_after,
                                                    "step": msg.step},
@@ -438,6 +456,11 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     """Another host's agent beat (``--nnodes``): it joined, came back, or is still there."""
     node = view.nodes.setdefault(msg.node, NodeView(msg.node))
     back = node.last_beat is None or node.lost_at is not None
+    if not back and node.last_beat is not None:  # (rule 12's detector learns the gaps of a connected agent only)
+        node.gaps = [*node.gaps[1 - GAPS_KEPT:], now - node.last_beat]
+    if msg.probe != node.probe:
+        node.probe, node.probe_ok = msg.probe, False  # (a new agent: its port is proven again)
+    node.unanswered, node.reset_at = [], None
     node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
         list(msg.live), now
     kept = None if back else node.ready_at  # (a new agent: its own pre-warmed trainer)
@@ -449,7 +472,62 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 
+def probe_sent(view: RunView, node: int, sent: float) -> None:
+    """Node 0 probed ``node``'s host at ``sent`` (rule 12's :func:`~procsv.watchdog.rules.hosts.probes_due`;
+    the prober's clock once the handshake's first packet was out)."""
+    n = view.nodes[node]
+    n.probed_at = sent
+    n.unanswered.append(sent)
+
+
+def probes_looked(view: RunView, looked_at: float, answers: list[tuple[int, float, bool]]) -> None:
+    """Node 0 looked for the answers to its probes at ``looked_at`` (its clock before it looked): ``answers``,
+    ``(node, sent, handshake)`` (the probe sent at ``sent`` answered: ``handshake``, its agent's port accepted;
+    else a reset: the host is up, its agent's port closed). A probe still out then went unanswered at least
+    ``looked_at`` minus its send: what rule 12 counts, whenever node 0 decides after."""
+    for node, sent, handshake in answers:
+        n = view.nodes[node]
+        n.unanswered = [s for s in n.unanswered if s > sent]
+        n.probe_ok = n.probe_ok or handshake
+        if not handshake and n.last_beat is not None and sent > n.last_beat:  # (no agent listens since its last beat)
+            n.reset_at = sent
+    for n in view.nodes.values():
+        n.looked_at = looked_at
+
+
 def members_stopped(view: RunView, slots: set[str]) -> None:
     """Which members of this host are stopped (SIGSTOP) now: rule 4 signals those first."""
     for c in view.trainers() + workers(view):
         c.stopped = c.slot in slots
+
+
+def stacks_back(view: RunView, slot: str, attempt: int, where: dict[str, str], culprit: str, path: str) -> None:
+    """The stacks taken for ``slot``'s attempt judged hung are back (written to ``path``, or failed: the
+    file says why): rule 4 signals it now, or the member they blame. ``where``: each member's main
+    thread's innermost frame, by slot; ``culprit``: the group's member the stacks blame ("" if none),
+    which is given the same record."""
+    child = find(view, slot, attempt)
+    if child is None or child.hang.stacks_asked_at is None:
+        return
+    blamed = find(view, culprit, attempt) if culprit else None
+    for c in [child] + ([blamed] if blamed is not None and blamed is not child else []):
+        c.hang = HangView(stacks_asked_at=child.hang.stacks_asked_at, reason=child.hang.reason, stacks_in=True,
+                          where=where.get(c.slot, ""), culprit=culprit, stacks=path, samples=c.hang.samples,
+                          quiet_max=c.hang.quiet_max, judged_max=c.hang.judged_max, stuck_for=child.hang.stuck_for)
+
+
+def member_looked(view: RunView, msg: MemberLooked, now: float, limits: HangLimits) -> None:
+    """A node agent's look at its member (:class:`MemberLooked`), kept as a look of this host's, at ``now``:
+    the time it arrived (the hosts' clocks differ; the link adds milliseconds)."""
+    looked_at(view, msg.slot, msg.attempt, Activity(now, msg.cpu, msg.io, msg.woke, msg.state, msg.syscall,
+                                                    msg.kids_cpu, msg.kids_io), limits)
+
+
+def looked_at(view: RunView, slot: str, attempt: int, sample: Activity, limits: HangLimits) -> None:
+    """A look at ``slot``'s attempt from outside (its CPU, I/O, main thread): kept as long as the stuck
+    rule may read it (:func:`looks_kept`)."""
+    child = find(view, slot, attempt)
+    if child is not None:
+        keep = looks_kept(view, limits)
+        kept = [a for a in child.hang.samples if a.at >= sample.at - keep]
+        child.hang.samples = kept + [sample]

@@ -25,6 +25,11 @@ class Deletions:
         self.say = say
         self.retired: list[Manifest] = []  # retired checkpoints whose deletion waits for a restore to end
         self.delete_for: Optional[bytes] = None  # a trainer's DeleteCheckpoints that waits for a restore to end
+        self.held: frozenset[int] = frozenset()  # --audit: the steps retention keeps for it (the watchdog's AuditHold)
+
+    def hold(self, steps: list[int]) -> None:
+        """The watchdog's :class:`~procsv.ipc.messages.AuditHold`: the steps retention keeps from now on."""
+        self.held = frozenset(steps)
 
     def retire(self, retired: list[Manifest]) -> None:
         """Delete ``retired`` and any retired earlier whose deletion waited for a restore

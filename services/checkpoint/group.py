@@ -176,11 +176,13 @@ class GroupCopies:
     def find(self, rank: int, step: int, attempt: int) -> Optional[MemberCopy]:
         return next((c for c in self.by_rank.get(rank, []) if c.step == step and c.attempt == attempt), None)
 
-    def whole(self, nproc: int, after: int) -> tuple[int, int, str]:
-        """The newest ``(step, attempt)`` held for every rank below ``nproc`` and newer than ``after``,
-        each copy verifying against its checksum; ``(-1, 0, why not)`` if there is none (a member's
-        copy missing, or the newest whole one damaged: the group restores from disk then)."""
-        steps = sorted({(c.step, c.attempt) for c in self.by_rank.get(0, []) if c.step > after}, reverse=True)
+    def whole(self, nproc: int, after: int, before: Optional[int] = None) -> tuple[int, int, str]:
+        """The newest ``(step, attempt)`` held for every rank below ``nproc``, newer than ``after`` and
+        older than ``before`` (a rollback of that step; None: any), each copy verifying against its
+        checksum; ``(-1, 0, why not)`` if there is none (a member's copy missing, or the newest whole one
+        damaged: the group restores from disk then)."""
+        steps = sorted({(c.step, c.attempt) for c in self.by_rank.get(0, [])
+                        if c.step > after and (before is None or c.step < before)}, reverse=True)
         for step, attempt in steps:
             copies = [c for c in (self.find(rank, step, attempt) for rank in range(nproc)) if c is not None]
             if len(copies) < nproc:
@@ -195,7 +197,10 @@ class GroupCopies:
         newest = max((c.step for copies in self.by_rank.values() for c in copies), default=-1)
         if newest <= after:
             return -1, 0, f"none is newer than the committed checkpoint of step {after}"
-        return -1, 0, f"no step newer than {after} is held for all {nproc} members"
+        if before is not None and not any(after < c.step < before for copies in self.by_rank.values() for c in copies):
+            return -1, 0, f"none between the committed checkpoint of step {after} and step {before}, which it rolls back"
+        return -1, 0, f"no step newer than {after}{'' if before is None else f' and before {before}'} is held for all " \
+            f"{nproc} members"
 
     def drop_peers_beyond(self, limit: int) -> list[MemberCopy]:
         """Forget the peer copies of more than ``limit`` bytes (held before the limit was known); them."""
@@ -246,7 +251,7 @@ class GroupIntake:
         if isinstance(msg, SaveData):
             self._hold(msg, payload, identity)
         elif isinstance(msg, GroupQuery):
-            step, attempt, note = self.copies.whole(msg.nproc, msg.after)
+            step, attempt, note = self.copies.whole(msg.nproc, msg.after, msg.before)
             if step < 0 and self.copies.held:
                 self.say(f"procsv checkpoint: the group's chief (pid {msg.pid}) restores from disk: {note}")
             self.answer(identity, GroupHeld(step, attempt, note, self.copies.peer_in(msg.nproc, step, attempt)), ())

@@ -32,8 +32,12 @@ def retention(
     max_to_keep: int,
     keep_every_n_hours: Optional[float],
     last_preserved: float,
+    held: frozenset[int] = frozenset(),
 ) -> RetentionPlan:
     """TensorFlow's rule: keep the newest ``max_to_keep``; of the older ones keep one every N hours.
+    An older one whose step is in ``held`` (an audit still needs it: the watchdog's
+    :class:`~procsv.ipc.messages.AuditHold`) is kept too, not preserved: the first retention after it
+    leaves ``held`` deletes it.
 
     ``max_to_keep <= 0`` keeps everything. ``last_preserved`` is the commit time of the last
     checkpoint preserved by the every-N-hours rule (or the run's start). A preserved checkpoint
@@ -47,7 +51,7 @@ def retention(
     delete: list[Manifest] = []
     newly: list[Manifest] = []
     for m in old:
-        if m.reason == "preserved":
+        if m.reason == "preserved" or m.step in held:
             keep_old.append(m)
         elif keep_every_n_hours is not None and m.committed_at - last_preserved >= keep_every_n_hours * 3600:
             keep_old.append(m)

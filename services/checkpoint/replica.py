@@ -18,8 +18,10 @@ service's ``peer.json``, connects and hands back every copy it holds (:class:`Re
 one :class:`ReplicaCopy` each), which this service holds again, marked as held on node 1
 (``MemberCopy.node``): the next group restart then finds the newest step whole for every member
 there, each copy checked against the checksum taken on node 0 (a copy damaged on node 1 is named as
-such, and the group restores from disk). Node 0's whole host lost is not recovered from here: node 0
-runs the watchdog, and the job ends with it.
+such, and the group restores from disk). Node 0's whole launch lost (its host, or a SIGKILL of it all)
+ends the run (node 0 runs the watchdog); node 0's launch started again has a new service, to which the
+holder hands its copies back the same way (its agent joins the relaunched master only once it has,
+:mod:`procsv.watchdog.multihost.agent`), and the relaunched group's first restore asks for them.
 """
 
 from __future__ import annotations

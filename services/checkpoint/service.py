@@ -20,7 +20,8 @@ one has its :class:`SaveResult`. A committed step is written again only as a new
 never received gets ``SaveResult`` ``lost``: taken again.
 
 Retention deletes checkpoints, so a save applies only the settings the trainer itself sent (:mod:`.settings`),
-never defaults: each setup's settings are persisted in the logdir, a restarted service reads them at start,
+never defaults, and keeps past them the steps an audit still needs (the watchdog's :class:`AuditHold`, from a
+DEALER of its own; ``--audit``): each setup's settings are persisted in the logdir, a restarted service reads them at start,
 and a snapshot from a trainer whose settings it does not have is held, uncommitted, until its next heartbeat.
 
 A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is refused by the
@@ -39,7 +40,7 @@ from typing import Any, Callable, Optional, Sequence
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (CheckpointSetup, DeleteCheckpoints, GroupFetch, GroupQuery, Hello, Message, RecoverQuery,
+from procsv.ipc.messages import (AuditHold, CheckpointSetup, DeleteCheckpoints, GroupFetch, GroupQuery, Hello, Message, RecoverQuery,
                                  RecoverReply, Role, SaveData, SaveReason, SaveRequest, SaveResult, SessionLogEvent,
                                  SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
@@ -66,7 +67,8 @@ from procsv.services.checkpoint.writer import needs_tensorflow, save_errors, wri
 POLL_MS = 100
 NICE = 10
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
-ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch})  # all a trainer sends
+ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch,  # all a trainer sends
+                    AuditHold})  # (and the watchdog, --audit)
 
 
 class CheckpointService:
@@ -192,6 +194,9 @@ class CheckpointService:
             return
         if isinstance(msg, DeleteCheckpoints):
             self._delete_all(identity)
+            return
+        if isinstance(msg, AuditHold):  # the watchdog's: no reply
+            self.deletions.hold(msg.steps)
             return
         if isinstance(msg, CheckpointSetup):
             if self.life is None or self.life.pid != msg.pid:
@@ -324,6 +329,7 @@ class CheckpointService:
             _say(f"procsv checkpoint: step {msg.step} is committed already ({again.prefix}); not written again")
             return self._tell(SaveResult(msg.step, msg.reason, True, again.path(self.ctx.layout.logdir), None, 0.0,
                                          again=True, revision=again.revision, attempt=msg.attempt), reply_to, msg.numbered, [])
+        faults.stall("checkpoint", "commit_stall")  # tests: a commit that takes as long as the test says (a busy disk)
         started = self.clock()
         retired: list[Manifest] = []
         try:
@@ -339,6 +345,7 @@ class CheckpointService:
                 keep_every_n_hours=settings.keep_checkpoint_every_n_hours,
                 numbered=msg.numbered,
                 revision=msg.revision,  # above the committed copy's: that step's checkpoint rewritten in place
+                held=self.deletions.held,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started, revision=manifest.revision, attempt=msg.attempt)

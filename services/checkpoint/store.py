@@ -124,6 +124,7 @@ class CheckpointStore:
         keep_every_n_hours: Optional[float],
         numbered: bool = True,
         revision: int = 0,
+        held: frozenset[int] = frozenset(),
     ) -> tuple[Manifest, list[Manifest]]:
         """Persist one checkpoint through the full protocol.
 
@@ -131,7 +132,7 @@ class CheckpointStore:
         already knows, by file name. Returns the manifest and the checkpoints retention retired
         from the state file: pass them to :meth:`delete` (after telling the trainer).
         ``numbered=False``: the prefix is ``basename``, rewritten in place (:mod:`.inplace`); so is a
-        committed step whose ``revision`` is below this one (a newer state of that step).
+        committed step whose ``revision`` is below this one (a newer state of that step). ``held``: an audit's steps.
         """
         if not basename or "/" in basename or "\0" in basename:
             # it came over the wire: a name that would leave the logdir is refused
@@ -203,7 +204,7 @@ class CheckpointStore:
             fsync_dir(self.layout.manifests)
             fault_point("before_state_file")
             try:
-                retired = self._apply_retention(max_to_keep, keep_every_n_hours)
+                retired = self._apply_retention(max_to_keep, keep_every_n_hours, held)
             except OSError as exc:
                 # committed (the manifest is the commit point) but the state file still names an
                 # older checkpoint: retire nothing it may name; the next commit rewrites it
@@ -229,8 +230,9 @@ class CheckpointStore:
         except OSError:
             pass
 
-    def _apply_retention(self, max_to_keep: int, keep_every_n_hours: Optional[float]) -> list[Manifest]:
-        plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved)
+    def _apply_retention(self, max_to_keep: int, keep_every_n_hours: Optional[float],
+                         held: frozenset[int] = frozenset()) -> list[Manifest]:
+        plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved, held)
         self.last_preserved = plan.last_preserved
         for m in plan.newly_preserved:
             kept = Manifest(m.step, m.prefix, m.files, m.committed_at, "preserved", m.revision)

@@ -28,6 +28,16 @@ gradient, as a masked input's would be), the weights stay finite and the other m
     --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
     --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
     --max-to-keep N   the Supervisor's retention (default 5, the Supervisor's own)
+    --compute-at N    the chief computes for --compute-secs S at step N of the group's first attempt, before the
+                      step's collectives (an evaluation inside the loop): worker 1 waits for it there
+    --compute-every M ... and every M steps after it, in every attempt
+    --step-delay S    each member sleeps S after each step
+    --deadlock-at N   worker 1 deadlocks at step N of the group's first attempt, in its own Python (a lock it
+                      holds, taken again) before the step's collectives: its peer waits for it inside TensorFlow
+    --workers-no-services  the workers prepare their session with ``start_standard_services=False`` (TF's
+                    Supervisor runs its standard services on the chief alone: a TF1 program often says so)
+    --times FILE    the chief appends "<step> <wall time>" to FILE after each step's run (a restarted group's
+                    replay too; a skipped step writes nothing): scripts/bench_spike.py reads the course back
     --tail-secs T   worker 1 spends T s more inside the session once its loop ran to --steps (its program's own
                     wind-down: an input pipeline's teardown, a local eval): its session ends, and it checks the
                     losses it kept since its last check, T s after the chief's
@@ -38,6 +48,7 @@ The batch of step n is a function of n and the member's rank alone.
 import argparse
 import os
 import re
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,6 +72,13 @@ p.add_argument("--chief-dies-at", type=int, default=None)
 p.add_argument("--max-to-keep", type=int, default=5)
 p.add_argument("--in-batch", action="store_true")
 p.add_argument("--tail-secs", type=float, default=0.0)
+p.add_argument("--deadlock-at", type=int, default=None)
+p.add_argument("--compute-at", type=int, default=None)
+p.add_argument("--compute-secs", type=float, default=0.0)
+p.add_argument("--compute-every", type=int, default=0)
+p.add_argument("--step-delay", type=float, default=0.0)
+p.add_argument("--times", default=None)
+p.add_argument("--workers-no-services", action="store_true")
 args = p.parse_args()
 SPIKE_SCALE = 1.4
 PACE = 0.25  # seconds more per step of the chief while its newest checkpoint is not committed
@@ -69,6 +87,7 @@ keras.utils.set_random_seed(0)
 tf.config.experimental.enable_op_determinism()
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 rank = procsv.cluster.rank()
+times = open(args.times, "a", buffering=1) if args.times and rank == 0 else None  # (line-buffered)
 with strategy.scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
@@ -113,6 +132,18 @@ def one_step():  # type: ignore[no-untyped-def]
     if rank == 1 and s == args.exit_at and attempt_ok and not os.path.exists(marker):
         open(marker, "w").close()
         raise SystemExit(5)
+    again = args.compute_every and args.compute_at is not None and s > args.compute_at and \
+        (s - args.compute_at) % args.compute_every == 0
+    if rank == 0 and (again or (s == args.compute_at and os.environ.get("PROCSV_ATTEMPT") == "1")):
+        print(f"group_local_nan: the chief computes at step {s} for {args.compute_secs:g} s", flush=True)
+        until, x = time.monotonic() + args.compute_secs, 0
+        while time.monotonic() < until:
+            x = (x * 31 + 7) % 1000003
+    if rank == 1 and s == args.deadlock_at and os.environ.get("PROCSV_ATTEMPT") == "1":
+        print(f"group_local_nan: worker 1 deadlocks at step {s} at {time.time():.3f}", flush=True)
+        stuck = threading.Lock()
+        stuck.acquire()
+        stuck.acquire()  # never returns
     if s in args.skip_at:
         return None
     xs = np.sin(np.arange(32, dtype=np.float32) * 0.37 + s * 1.3 + rank * 0.7).reshape(8, 4).astype(np.float32)
@@ -125,12 +156,17 @@ def one_step():  # type: ignore[no-untyped-def]
         xs[0, 0] = np.nan  # the loss, its gradient and (all-reduced) every member's update turn NaN
     in_loss = (poisoned and not args.in_batch) or (rank == 1 and s in args.loss_nan_at)
     term = np.float32(np.nan) if in_loss else np.float32(0.0)
-    return train(xs, ys, tf.constant(term))
+    out = train(xs, ys, tf.constant(term))
+    if times is not None:
+        times.write(f"{s} {time.time():.6f}\n")
+    return out
 
 
-with sv.managed_session() as sess:
+with sv.managed_session(start_standard_services=rank == 0 or not args.workers_no_services) as sess:
     while not sv.should_stop() and sv.step < args.steps:
         sess.run(one_step)
+        if args.step_delay:
+            time.sleep(args.step_delay)
     if rank == 1 and args.tail_secs and sv.step >= args.steps:
         time.sleep(args.tail_secs)  # a worker's own end-of-loop work, inside the session
 print(f"group_local_nan: ended at step {sv.step}", flush=True)

@@ -27,6 +27,9 @@
     --no-callback       a plain fit, without procsv
     --backup-dir D      BackupAndRestore(backup_dir=D) (for a plain `python keras_nan.py` run)
     --weights-out F     write the final weights and the optimizer's iteration count here (.npz)
+    --times F           append "<step> <wall time>" to F at each computation of a batch's loss (replays too: the
+                        batch told by its target; step = batch + 1, procsv's step of it): scripts/bench_spike.py
+                        reads the course back (the loss's value is the same, bit for bit, as without it)
 
 The input of batch I is a function of I alone, so a run is reproducible and its plain twin computable.
 """
@@ -63,6 +66,7 @@ p.add_argument("--kill-file", default=None)
 p.add_argument("--no-callback", action="store_true")
 p.add_argument("--weights-out", default=None)
 p.add_argument("--backup-dir", default=None)
+p.add_argument("--times", default=None)
 args = p.parse_args()
 
 keras.utils.set_random_seed(0)
@@ -97,7 +101,26 @@ def loss(y_true, y_pred):  # type: ignore[no-untyped-def]  # mse; a --transient-
     return keras.losses.mean_squared_error(y_true, y_pred) * tf.where(tf.reduce_any(tf.equal(transient, n)), 50.0, 1.0)
 
 
-model.compile(keras.optimizers.SGD(0.05), loss if args.transient_at else "mse")
+def timed(base):  # type: ignore[no-untyped-def]  # --times: each computation of a batch's loss noted, with its time
+    steps = {y.numpy().tobytes(): i + 1 for i, (_, y, _) in enumerate(data)}  # target -> step (fit's own pipeline)
+    assert len(steps) == args.epochs * args.batches  # (every batch's target its own)
+    out = open(args.times, "a", buffering=1)  # (line-buffered: a kill loses no whole line)
+
+    def note(y_true):  # type: ignore[no-untyped-def]
+        out.write(f"{steps.get(y_true.numpy().tobytes(), -1)} {time.time():.6f}\n")
+        return np.int64(0)
+
+    def timed_loss(y_true, y_pred):  # type: ignore[no-untyped-def]
+        noted = tf.py_function(note, [y_true], tf.int64)
+        with tf.control_dependencies([noted]):
+            return tf.identity(base(y_true, y_pred))
+
+    return timed_loss
+
+
+chosen = loss if args.transient_at else "mse"
+model.compile(keras.optimizers.SGD(0.05), timed(loss if args.transient_at else keras.losses.mean_squared_error)
+              if args.times else chosen)
 
 
 class Delay(keras.callbacks.Callback):  # type: ignore[misc]

@@ -7,8 +7,15 @@ the second: ``python keras_two_fits.py keras|procsv OUT [--kill-at EPOCH --marke
 dataset; fit 2: 4 epochs of an 8-batch one; both with validation data, so that a model's metrics hold
 the validation values after each epoch. ``--kill-at EPOCH``: the program SIGKILLs itself at the end
 of fit 2's batch 2 of ``EPOCH`` (from 0), once (``FILE`` is made first; a run that finds it kills
-nothing), after the backup of ``EPOCH``'s beginning is on disk (``--logdir``, the launch's: once its
-checkpoint is committed there).
+nothing), after a backup of a step of ``EPOCH`` is on disk (``--logdir``, the launch's: once procsv's
+checkpoint of a step from the epoch's beginning to the kill's is committed there). procsv takes the
+epoch-end save at its next step boundary, and one that comes while an earlier commit is in flight (a
+slow commit, at load) at the first boundary after that commit's answer, with that later step's state:
+a callback that blocks stops the boundaries. So the epoch's batches before the kill's wait for the
+commit in flight (the previous epoch's beginning) and pause, to let the next boundary read its answer
+and take the save, and the kill's waits for that save's commit, which goes on in the checkpoint
+service; a wait that runs out (60 s) fails loudly: ``keras_two_fits: gave up ...`` on stderr, the
+marker made, exit code 3, no kill.
 
 Prints one line ``fit N began at epoch E`` (E: the first epoch its loop began, ``none`` if it trained
 no epoch) and ``fit N losses [...]`` (its History's training loss per epoch) for each fit, and writes
@@ -16,6 +23,7 @@ the final weights to ``OUT`` (.npz).
 """
 
 import os
+import re
 import signal
 import sys
 import time
@@ -27,6 +35,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 FIT1_BATCHES, FIT2_BATCHES, EPOCHS, BATCH = 6, 8, 4, 8
+KILL_BATCH = 2  # the kill: at the end of fit 2's batch 2 of --kill-at's epoch
+WAIT_SECS = 60.0  # a wait for procsv's commit that runs out fails loudly
+PAUSE_SECS = 0.1  # procsv reads its checkpoint service's answers at a step boundary at most every 10 ms
 
 
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -34,9 +45,25 @@ def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return x, x[:, :4].argmax(axis=1).astype(np.int64)
 
 
-def _committed(logdir: str, step: int) -> bool:
-    """procsv's checkpoint of ``step`` is committed in ``logdir`` (its manifest is there)."""
-    return os.path.exists(os.path.join(logdir, ".procsv", "checkpoints", f"model.ckpt-{step}.json"))
+def _committed(logdir: str) -> list[int]:
+    """The steps of procsv's checkpoints committed in ``logdir`` (their manifests are there)."""
+    found = re.compile(r"model\.ckpt-(\d+)\.json").fullmatch
+    names = os.listdir(os.path.join(logdir, ".procsv", "checkpoints"))
+    return [int(m.group(1)) for m in map(found, names) if m is not None]
+
+
+def _wait_committed(logdir: str, lo: int, hi: int, marker: str) -> None:
+    """Wait until procsv has a checkpoint of a step from ``lo`` to ``hi`` committed; after ``WAIT_SECS``
+    fail loudly (the marker made: the restarted program kills nothing), never go on as if it were."""
+    deadline = time.monotonic() + WAIT_SECS
+    while not any(lo <= step <= hi for step in _committed(logdir)):
+        if time.monotonic() > deadline:
+            open(marker, "w").close()
+            print(f"keras_two_fits: gave up after {WAIT_SECS:g} s waiting for procsv to commit a checkpoint of a "
+                  f"step from {lo} to {hi} (committed: {sorted(_committed(logdir))}); not killing", file=sys.stderr,
+                  flush=True)
+            os._exit(3)
+        time.sleep(0.05)
 
 
 class Report(keras.callbacks.Callback):
@@ -54,15 +81,21 @@ class Report(keras.callbacks.Callback):
             self.began = epoch
 
     def on_train_batch_end(self, batch: int, logs: object = None) -> None:
-        if self.fit != 2 or batch != 2 or self.kill_at < 0 or os.path.exists(self.marker):
+        if self.fit != 2 or batch > KILL_BATCH or self.kill_at < 0 or os.path.exists(self.marker):
             return
         if self.epoch != self.kill_at:
             return
-        if self.logdir:  # procsv: the epoch's beginning committed: the snapshot the kill must not lose
-            step = (FIT1_BATCHES + FIT2_BATCHES) * EPOCHS - FIT2_BATCHES * (EPOCHS - self.kill_at)
-            deadline = time.monotonic() + 60
-            while not _committed(self.logdir, step) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        if self.logdir:  # procsv: a step of this epoch committed, the snapshot the kill must not lose
+            begin = (FIT1_BATCHES + FIT2_BATCHES) * EPOCHS - FIT2_BATCHES * (EPOCHS - self.kill_at)
+            if batch < KILL_BATCH:
+                if not any(step >= begin for step in _committed(self.logdir)):  # the epoch-end save not yet taken:
+                    # the commit it waits behind lands, and the next boundary reads its answer and takes the save
+                    _wait_committed(self.logdir, begin - FIT2_BATCHES, begin + batch, self.marker)
+                    time.sleep(PAUSE_SECS)
+                return
+            _wait_committed(self.logdir, begin, begin + batch + 1, self.marker)
+        elif batch < KILL_BATCH:
+            return
         open(self.marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,6 +3,17 @@
     --steps N              total steps
     --step-delay S         sleep per step
     --hang-at-step K       sleep forever inside step K (on attempts listed by --bad-attempts)
+    --hang-kind read       ... or read forever from a pipe nobody writes to (a read that never returns);
+                           lock: take a lock it holds, again (a deadlock between its threads)
+    --wait-at-step K       sleep --wait-secs S inside step K, on every attempt (a wait that ends: a remote
+                           service slow today; quiet from outside)
+    --marked-wait-at-step K  the same, inside ``with sv.waiting():`` (the program marks its wait)
+    --compute-at-step K    compute for --compute-secs S inside step K (on bad attempts): slow work, not a hang
+    --compute-every N      ... and again every N steps after it
+    --child-compute-at-step K  wait inside step K for a child process that computes for --compute-secs S
+                           (a data loader's worker: the trainer itself is quiet)
+    --step-growth S        each step sleeps S more than the one before (a step that grows slower)
+    --first-compute S      compute for S s inside the first step of every attempt (a first step that traces long)
     --crash-after-commit   on bad attempts: at the first --save-steps step after the start, commit that
                            step (waiting for the commit) and exit 1 right after it
     --bad-attempts A,B     which attempts misbehave (default: 1); "all" for every attempt
@@ -18,7 +29,9 @@
 
 import argparse
 import os
+import subprocess
 import sys
+import threading
 import time
 
 import tensorflow as tf
@@ -31,6 +44,16 @@ p.add_argument("--step-delay", type=float, default=0.01)
 p.add_argument("--hang-at-step", type=int, default=0)
 p.add_argument("--hang-until-stop", action="store_true",
                help="the hang of --hang-at-step ends when a stop is requested (SIGTERM), so the run saves")
+p.add_argument("--hang-kind", choices=["sleep", "read", "lock"], default="sleep")
+p.add_argument("--compute-every", type=int, default=0)
+p.add_argument("--wait-at-step", type=int, default=0)
+p.add_argument("--wait-secs", type=float, default=0.0)
+p.add_argument("--marked-wait-at-step", type=int, default=0)
+p.add_argument("--child-compute-at-step", type=int, default=0)
+p.add_argument("--step-growth", type=float, default=0.0)
+p.add_argument("--first-compute", type=float, default=0.0)
+p.add_argument("--compute-at-step", type=int, default=0)
+p.add_argument("--compute-secs", type=float, default=0.0)
 p.add_argument("--crash-after-commit", action="store_true")
 p.add_argument("--bad-attempts", default="1")
 p.add_argument("--save-steps", type=int, default=None)
@@ -54,6 +77,7 @@ if args.crash_after_commit and not args.save_steps:
 attempt = int(os.environ.get("PROCSV_ATTEMPT", "1"))
 bad = args.bad_attempts == "all" or str(attempt) in args.bad_attempts.split(",")
 weights = tf.Variable(tf.zeros([4]))
+started = [0]  # the step this attempt started at (--first-compute: its first step computes)
 
 
 def spawn_orphan() -> None:
@@ -105,17 +129,47 @@ def step():
             raise StopIteration
         raise ValueError(f"bad batch at step {sv.step}")
     weights.assign_add(tf.ones([4]))
-    if bad and args.hang_at_step and sv.step == args.hang_at_step:
-        print(f"tiny: hanging in step {sv.step}", flush=True)
+    if bad and args.hang_at_step and sv.step == args.hang_at_step and args.hang_kind == "sleep":
+        print(f"tiny: hanging in step {sv.step} at {time.time():.3f}", flush=True)
         while not (args.hang_until_stop and sv.should_stop()):
             time.sleep(0.05 if args.hang_until_stop else 3600)
-    time.sleep(args.step_delay)
+    if args.wait_at_step and sv.step == args.wait_at_step:
+        print(f"tiny: waiting in step {sv.step} for {args.wait_secs:g} s", flush=True)
+        time.sleep(args.wait_secs)
+    if args.marked_wait_at_step and sv.step == args.marked_wait_at_step:
+        print(f"tiny: waiting in sv.waiting() in step {sv.step} for {args.wait_secs:g} s", flush=True)
+        with sv.waiting():
+            time.sleep(args.wait_secs)
+    computing = bad and args.compute_at_step and (sv.step == args.compute_at_step or (
+        args.compute_every and sv.step > args.compute_at_step and (sv.step - args.compute_at_step) % args.compute_every == 0))
+    first = args.first_compute and sv.step == started[0] + 1  # (sv.step: the step in flight)
+    if computing or first:
+        secs = args.first_compute if first else args.compute_secs
+        print(f"tiny: computing in step {sv.step} for {secs:g} s", flush=True)
+        until, x = time.monotonic() + secs, 0
+        while time.monotonic() < until:
+            x = (x * 31 + 7) % 1000003  # a step's computation, in Python: CPU, no step, no I/O
+    if bad and args.child_compute_at_step and sv.step == args.child_compute_at_step:
+        print(f"tiny: a child computes in step {sv.step} for {args.compute_secs:g} s", flush=True)
+        subprocess.run([sys.executable, "-c", f"import time\nu = time.monotonic() + {args.compute_secs}\nx = 0\n"
+                        "while time.monotonic() < u:\n    x = (x * 31 + 7) % 1000003\n"], check=True)
+    if bad and args.hang_at_step and sv.step == args.hang_at_step and args.hang_kind == "read":
+        print(f"tiny: reading forever in step {sv.step} at {time.time():.3f}", flush=True)
+        r, w = os.pipe()  # (w stays open: no end of file ever comes)
+        os.read(r, 1)
+    if bad and args.hang_at_step and sv.step == args.hang_at_step and args.hang_kind == "lock":
+        print(f"tiny: deadlocked in step {sv.step} at {time.time():.3f}", flush=True)
+        held = threading.Lock()
+        held.acquire()
+        held.acquire()  # never returns
+    time.sleep(args.step_delay + args.step_growth * sv.step)
     if args.chatty:
         print(f"tiny: step {sv.step} " + "x" * args.chatty, flush=True)
 
 
 with sv.managed_session() as sess:
     start = sv.step
+    started[0] = start
     print(f"tiny: attempt {attempt} starts at step {start}", flush=True)
     while not sv.should_stop() and sv.step < args.steps:
         sess.run(step)

@@ -116,6 +116,9 @@ class SnapshotHooks:
     restored: list[Callable[[str, Any], None]] = field(default_factory=list)
     wake: Callable[[], None] = _nothing
     stepped: Callable[[], bool] = _no_step
+    # a trainer group's check at its K-th steps, with the group's verdict (procsv.trainer.nonfinite.group_verdict;
+    # None: each member checks its own losses alone, and one that finds a bad step asks for the group's restart)
+    group_check: Optional[Callable[[int], None]] = None
 
     def claim(self, wake: Callable[[], None], stepped: Callable[[], bool]) -> None:
         """A step boundary claims the agent: its wake-up, and whether its session completed a step."""
@@ -218,17 +221,23 @@ class CheckpointAgent:
         return self.memory.snapshot(ch, step, self.meta_graph, unwritten_from)
 
     def check_group_step(self, step: int) -> None:
-        """A group member's every-K-th step (where every member snapshots): the watched losses kept
-        since the last check are checked even if its snapshot was not taken (no slot free, the last
-        one not yet acknowledged, one waiting for its summaries, the memory still populating):
-        raises :class:`NonFiniteState` as a refused snapshot does. No read when nothing is kept
-        unchecked (the snapshot's own check just ran). A member's losses are checked nowhere else
-        (the final checkpoint is the chief's alone): a NaN only this member saw, before a snapshot it
-        skipped, went undetected, the group trained on and exited 0."""
+        """A group member's every-K-th step (where every member snapshots), or the chief's
+        every-``save_checkpoint_steps``-th (:func:`~.boundary_plan.group_losses_due` decides): the
+        watched losses kept since the last check are checked even if its snapshot was not taken (no
+        slot free, the last one not yet acknowledged or still in flight to disk, one waiting for its
+        summaries, the memory still populating): raises :class:`NonFiniteState` as a refused snapshot
+        does. No read when nothing is kept unchecked (the snapshot's own check just ran). A worker's
+        losses are checked nowhere else (the final checkpoint is the chief's alone): a NaN only this
+        member saw, before a snapshot it skipped, went undetected, the group trained on and exited 0. At a
+        K-th step, with the non-finite rollback's ``hooks.group_check``, the check is the group's verdict
+        (every member's finding exchanged: :mod:`procsv.trainer.nonfinite.group_verdict`), which may roll the
+        group back in place (raises :class:`~procsv.common.errors.GroupRolledBack`)."""
         watch = self.store.watch
-        every = self.memory.every_steps
-        if watch is not None and self.group is not None and every and step % every == 0:
-            watch.precheck(step)
+        if watch is not None and self.group is not None:
+            if self.hooks.group_check is not None and step % self.group[2] == 0:
+                self.hooks.group_check(step)
+            else:
+                watch.precheck(step)
 
     def check_group_end(self, step: int) -> None:
         """A group member other than the chief, at its session's end (the loop finished, a stop, or a

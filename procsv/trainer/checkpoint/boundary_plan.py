@@ -28,7 +28,10 @@ What it decides, in the order the boundary does it:
    step's summaries once they are written (the plan ends there: a release that could not be sent
    drops the snapshot, and a new one may be due at once), else take an **in-memory snapshot** when
    due.
-6. **Check a group member's losses** at its every-K-th step, snapshot or not.
+6. **Check a group member's losses** at its every-K-th step, and the chief's at its every-``save_checkpoint_steps``-th
+   too, snapshot or not (:func:`group_losses_due`): the step a NaN is found at is the same at any load. The
+   check goes before the snapshot of that boundary (step 5's): at a K-th step it is the group's verdict, which
+   may roll every member back in place, and the snapshot is then of a state that is no more.
 
 The three promises of the agent, as this function keeps them:
 
@@ -123,7 +126,8 @@ class MemorySnapshot:
 
 @dataclass(frozen=True)
 class CheckGroupLosses:
-    """A group member's every-K-th step: check the watched losses kept since the last check."""
+    """A group member's every-K-th step (the chief's every-``save_checkpoint_steps``-th too): check the
+    watched losses kept since the last check (:func:`group_losses_due`)."""
 
     step: int
 
@@ -262,6 +266,22 @@ def memory_due(view: BoundaryView, step: int, now: float) -> bool:
     return now >= view.memory_next_due
 
 
+def group_losses_due(view: BoundaryView, step: int) -> bool:
+    """A group member's watched losses are checked at the boundary after ``step``, whether or not a
+    snapshot is taken there: every member's at every K-th step (the group's in-memory snapshot steps),
+    the chief's (the member that saves) at every ``save_checkpoint_steps``-th step too, the steps its
+    every-N-steps trigger fires at. A check that went with the snapshot alone moved with it: a trigger
+    that met a snapshot still in flight (a busy machine) left the save pending, and the losses since
+    the last snapshot unchecked, until the pending snapshot or the next K-th step: a NaN at step 40
+    was found at 40 on a quiet machine, at 50 at load (K 50), and under ``--on-nonfinite stop`` the
+    whole group trained on to it. Where the snapshot is taken the check after it reads nothing (its
+    own check just ran)."""
+    policy = view.policy
+    if not policy.group_every:
+        return False
+    return step % policy.group_every == 0 or bool(policy.saving and policy.save_steps and step % policy.save_steps == 0)
+
+
 def plan(view: BoundaryView, step: int, now: float, ahead: float = 0.0) -> tuple[Action, ...]:
     """What the boundary after ``step`` (``step`` steps completed) does at ``now``, in order, beyond
     what it did already (``view.done``: the caller's :meth:`BoundaryView.begin` names the boundary).
@@ -284,6 +304,10 @@ def plan(view: BoundaryView, step: int, now: float, ahead: float = 0.0) -> tuple
         if view.in_flight is not None and ReadService not in done and view.read_step != step:
             out.append(ReadService(step))  # the snapshot in flight may have committed: save at this step then
             return tuple(out)
+    if CheckGroupLosses not in done and group_losses_due(view, step):
+        # before the snapshot: a group's check at its K-th step is the group's verdict, which may roll every member
+        # back in place (procsv.trainer.nonfinite.group_verdict); the snapshot's own check then reads nothing
+        out.append(CheckGroupLosses(step))
     if Snapshot in done or MemorySnapshot in done:
         pass  # one snapshot a boundary
     elif pending is not None and snapshot_due(view, step, pending):
@@ -294,8 +318,6 @@ def plan(view: BoundaryView, step: int, now: float, ahead: float = 0.0) -> tuple
             return tuple(out)
     elif memory_due(view, step, now):
         out += [HandOffSummaries(), MemorySnapshot(step)]
-    if CheckGroupLosses not in done and view.policy.group_every and step % view.policy.group_every == 0:
-        out.append(CheckGroupLosses(step))
     return tuple(out)
 
 

@@ -57,18 +57,24 @@ def passed_over(layout: Layout, before: Optional[int]) -> list[Manifest]:
     return restore_at_start.rolled_back_over(list_committed(layout), before)
 
 
-def whole_step(ch: TrainerChannels, nproc: int, after: int) -> Optional[tuple[int, int, bool]]:
+def whole_step(ch: TrainerChannels, nproc: int, after: int,
+               before: Optional[int] = None, say: bool = True) -> Optional[tuple[int, int, bool]]:
     """The chief: ``(step, attempt, peer)`` of the newest in-memory snapshot the service holds for all
-    ``nproc`` members, verified, newer than ``after`` (``peer``: a member's copy is a peer copy, held
-    here for another host); None (said in one line) if there is none."""
+    ``nproc`` members, verified, newer than ``after`` and, for a rollback of step ``before``, older than
+    it (``peer``: a member's copy is a peer copy, held here for another host); None (said in one line,
+    unless not ``say``: a launch's first group over hosts asks in case node 1's holder handed copies back
+    to a relaunched node 0, and says nothing when none is held: node 0's service says why, if it held any)
+    if there is none."""
     try:
-        held = ch.ask_group(GroupQuery(os.getpid(), nproc, after), ch.clock() + ASK_WAIT)[0]
+        held = ch.ask_group(GroupQuery(os.getpid(), nproc, after, before), ch.clock() + ASK_WAIT)[0]
     except NoReply as exc:
-        print(f"procsv: the group restores from disk: no answer about its in-memory snapshots ({exc})",
-              file=sys.stderr, flush=True)
+        if say:
+            print(f"procsv: the group restores from disk: no answer about its in-memory snapshots ({exc})",
+                  file=sys.stderr, flush=True)
         return None
     if not isinstance(held, GroupHeld) or held.step < 0:
-        print(f"procsv: the group restores from disk: {getattr(held, 'note', '')}", file=sys.stderr, flush=True)
+        if say:
+            print(f"procsv: the group restores from disk: {getattr(held, 'note', '')}", file=sys.stderr, flush=True)
         return None
     return held.step, held.attempt, held.peer
 

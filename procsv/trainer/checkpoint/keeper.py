@@ -107,16 +107,23 @@ class CheckpointKeeper:
         assert channels is not None
         target, self.restore_target = self.restore_target, None
         if pin_path:
-            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config, target)
-        if restarted and chief and not reused and agent.memory.budget > 0:
+            # a group over hosts asks at a launch's first attempt too: node 0 relaunched, node 1's holder handed
+            # its replica of the group's copies back to node 0's new checkpoint service (issue 70)
+            ask = (restarted or config.place.hosts > 1) and not reused
+            return self._restore_group(GroupPin(pin_path), init, chief, restarted and not reused, config, target, ask)
+        # restarted for a rollback of step B (an audit found the trainer's machine computed wrongly after B - 1,
+        # issue 71): the newest checkpoint before B, never the in-memory snapshot of a later step
+        before = config.resume.rollback_before if restarted and not reused else None
+        if restarted and chief and not reused and agent.memory.budget > 0 and before is None:
             restore_at_start.recover_memory(channels)  # a dead trainer's in-memory snapshot, if the service held one
-        return agent.restore_or_init(init, target=target)
+        return agent.restore_or_init(init, before=before, target=target)
 
     def _restore_group(self, pin: GroupPin, init: Callable[[], None], chief: bool, restarted: bool,
-                       config: ChildConfig, target: Optional[Any] = None) -> list[str]:
+                       config: ChildConfig, target: Optional[Any] = None, ask: bool = False) -> list[str]:
         """A group member's restore: every member restores exactly what the chief pinned (a newer
         commit in between would diverge them): the group's in-memory snapshot of one step, each
-        member its own copy (:mod:`~procsv.trainer.checkpoint.group_restore`), or one checkpoint."""
+        member its own copy (:mod:`~procsv.trainer.checkpoint.group_restore`), or one checkpoint.
+        ``ask``: the chief asks the checkpoint service for the group's in-memory snapshots."""
         agent, channels = self.agent, self._channels
         assert channels is not None
         group = agent.group
@@ -138,9 +145,9 @@ class CheckpointKeeper:
         # committed after B holds B's update; the chief checks only its own losses, a worker's NaN is found later)
         before = config.resume.rollback_before if restarted else None
         newest = group_restore.newest_committed(agent, before)
-        held = group_restore.whole_step(channels, config.place.nproc, newest) if restarted and group is not None \
-            else None
-        if held is not None and before is not None and held[0] >= before:
+        held = group_restore.whole_step(channels, config.place.nproc, newest, before, say=restarted) \
+            if ask and group is not None else None
+        if held is not None and before is not None and held[0] >= before:  # (the service answers one before B)
             print(f"procsv: the group restores from disk: its in-memory snapshot of step {held[0]} is not before "
                   f"step {before}, which it rolls back", file=sys.stderr, flush=True)
             held = None
@@ -153,7 +160,7 @@ class CheckpointKeeper:
         if held is not None:
             passed = group_restore.passed_over(agent.layout, before)
             if passed:  # (restored from disk, the walk over the committed checkpoints says the same)
-                restore_at_start.say_passed_over(before, passed)
+                restore_at_start.say_passed_over(before, passed, group=True)
             agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []

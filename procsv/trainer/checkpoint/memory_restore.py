@@ -58,6 +58,13 @@ def newest_before(copies: dict[int, Copy], arena: Optional[SnapshotArena], befor
     return max(whole, key=lambda c: c.step) if whole else None
 
 
+def whole_steps(copies: dict[int, Copy], arena: Optional[SnapshotArena]) -> tuple[int, ...]:
+    """The steps of the copies whose slots still hold them whole (a trainer group's verdict says them)."""
+    if arena is None:
+        return ()
+    return tuple(sorted(c.step for c in copies.values() if not _slot_problem(arena, c)))
+
+
 def _slot_problem(arena: SnapshotArena, copy: Copy) -> str:
     if arena.header.size < 2 * (copy.slot + 1):
         return "the snapshot memory was made again since"

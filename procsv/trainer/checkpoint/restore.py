@@ -143,6 +143,14 @@ def rollback_refusal(steps: Sequence[int], before: Optional[int]) -> Optional[st
             f"rolled-back step survives, or launch again to go on from step {newest}, which holds step {before}'s update")
 
 
+def from_step_0(before: int) -> str:
+    """What a trainer group's rollback of step ``before`` says when it starts again from step 0: nothing
+    is committed and no in-memory snapshot before the step is held (the initial state is then the newest
+    state before it); never silent, since a step-0 start after a rollback may lose many steps."""
+    return (f"the trainer group rolls back step {before}: no checkpoint is committed and no in-memory snapshot "
+            f"before step {before} is held; training again from step 0, the newest state before it")
+
+
 def foreign_step(path: str, stored: Mapping[str, int]) -> tuple[str, int]:
     """The step to resume a checkpoint procsv did not write at, and the name of the variable it was
     read from: ``stored`` maps the :data:`FOREIGN_STEP_NAMES` the checkpoint holds as integer

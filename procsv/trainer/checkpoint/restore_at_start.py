@@ -53,8 +53,11 @@ def rolled_back_over(committed: list[Manifest], before: Optional[int]) -> list[M
     return [m for m in committed if before is not None and m.step >= before]
 
 
-def say_passed_over(before: Optional[int], later: list[Manifest]) -> None:
-    print(f"procsv: the group rolls back step {before}: passing over the checkpoint(s) committed after it "
+def say_passed_over(before: Optional[int], later: list[Manifest], group: bool = False) -> None:
+    """The line of a rollback's restore (a group's of a non-finite step; a single trainer's: the watchdog's, an
+    audit's verdict, which it says itself)."""
+    who = "the group rolls back step" if group else "rolling back to the newest checkpoint before step"
+    print(f"procsv: {who} {before}: passing over the checkpoint(s) committed after it "
           f"({', '.join(m.prefix for m in later)})", file=sys.stderr, flush=True)
 
 
@@ -168,6 +171,8 @@ def _walk(checkpoint: Any, global_step: Any, layout: Layout, init: Callable[[], 
             if committed:
                 print(f"procsv: none of the {len(committed)} committed checkpoints can be restored; "
                       "starting from scratch as allowed (allow_reinit)", file=sys.stderr, flush=True)
+            elif before is not None and not damaged:  # never silently from step 0
+                print(f"procsv: {restore.from_step_0(before)}", file=sys.stderr, flush=True)
             init()
     if choice.corrupt:
         names = ", ".join(m.prefix for m, _ in choice.corrupt)

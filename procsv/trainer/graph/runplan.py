@@ -22,15 +22,15 @@ cache, the walk of :func:`procsv.trainer.graph.session.keep_watched`).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Hashable, Optional
+
+from math import isfinite
 
 import numpy as np
 
 CACHE_MAX = 256  # structures remembered (a program uses a handful)
-# a fetched float scalar comes back as one of these: judged here, handed to the LossWatch only when not finite
+# a fetched float scalar comes back as one of these: judged at once (LossWatch.keep_host)
 HOST_FLOATS: frozenset[Any] = frozenset({float, np.float16, np.float32, np.float64})
-isfinite = math.isfinite
 
 
 class RunPlan:
@@ -111,9 +111,13 @@ def make_plan(fetches: Any, feed_dict: Any, step: tuple[Any, Optional[int]], los
 
 def keep_losses(plan: RunPlan, step: int, out: Any) -> None:
     """Hand the watched losses of a run's values ``out`` to ``plan.losses`` as the loss of
-    ``step``: a host float is judged here (the LossWatch keeps nothing of a finite one), anything
-    else is the LossWatch's to judge."""
+    ``step``: a finite host float is judged here (:meth:`~procsv.trainer.nonfinite.losses.LossWatch.keep_host`:
+    nothing is kept of it, unless the loss-spike rule is fed every value); anything else, a non-finite one
+    included, is the LossWatch's to judge at its check, as before the spike rule saw graph losses (judged at
+    once, a NaN's rollback came before a stop the program asked right after it: tf1_cases' steps case)."""
     for i in plan.watch or ():
         value: Any = out if i < 0 else out[i]
-        if value.__class__ not in HOST_FLOATS or not isfinite(value):
+        if value.__class__ in HOST_FLOATS and isfinite(value):
+            plan.losses.keep_host(step, float(value))
+        else:
             plan.losses.keep(step, value)

@@ -25,7 +25,8 @@ from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
 from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.trainer.nonfinite import inputs, notices, retry_state, scan
-from procsv.trainer.nonfinite.plan import Action, Plan, after_finite_weights, at_boundary, judge, next_due
+from procsv.trainer.nonfinite.plan import (Action, Plan, after_finite_weights, at_boundary, input_differs, input_lost,
+                                           judge, next_due)
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.step_boundary import StepCounter, StepState
 
@@ -65,6 +66,13 @@ class BoundaryWork:
         self._kept: Optional[retry_state.KeptState] = None
         self._kept_for: Optional[int] = None
         self.abandoned = ""  # what the program does instead of the retry it gave up (:meth:`abandon`)
+        self._first: dict[int, float] = {}  # the first run's losses of the steps the retry's replay trains again
+
+    def expect_replay(self, first: dict[int, float]) -> None:
+        """A retry's restore: ``first`` holds the first run's losses of the steps its replay trains again
+        (those the spike history kept), which the replay must give again, bit for bit, for the retry
+        to say anything of the bad step (:func:`~.plan.input_differs`)."""
+        self._first = first
 
     @property
     def _agent(self) -> Optional[CheckpointAgent]:
@@ -180,8 +188,12 @@ class BoundaryWork:
                 self._stop_diverged(NonFiniteState(step, bad), why, False)
             return True
         if verdict == Action.FINITE:
+            history, first, self._first = watch.spikes, self._first, {}
+            differs = input_differs(first, history.losses_at(range(min(first), target))) if history is not None and first else None
+            # the replay trained other batches, the retry another: it says nothing of the NaN, and trains on (said)
+            lost = f"; the retry's replay {input_lost(differs, target)}" if differs is not None else ""
             self._kept = None
-            print(f"procsv: step {target} was finite when retried; training on", file=sys.stderr, flush=True)
+            print(f"procsv: step {target} was finite when retried{lost}; training on", file=sys.stderr, flush=True)
             retry.finite()
             self.plan_next(step)
             return False

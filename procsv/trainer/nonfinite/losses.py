@@ -66,6 +66,11 @@ class LossWatch:
         # later (each one's chunks, their values joined on the device, its finite host values): drain()
         self._unread: list[tuple[list[tuple[list[int], Any]], Any, list[tuple[int, float]]]] = []
 
+    @property
+    def feeds(self) -> bool:
+        """Whether every finite value is kept too (a sink, the loss-spike rule, is fed)."""
+        return self._sink is not None
+
     def warm(self) -> None:
         """Build the kernels a check of float32 losses runs, once, before the first step (a hot
         standby: before its promotion): the sum and the stack of the one size :meth:`_compact`
@@ -124,6 +129,11 @@ class LossWatch:
         self.steps.append(step)
         if len(self.pending) >= CHUNK:
             self._compact()
+
+    def keep_host(self, step: int, value: float) -> None:
+        """The loss of ``step``, a value on the host already (a graph run's fetched float): judged at once
+        (and kept for the sink, if finite)."""
+        self._host_value(step, value)
 
     def _host_value(self, step: int, value: float) -> None:
         """A value on the host already: judged at once (and kept for the sink, if finite)."""

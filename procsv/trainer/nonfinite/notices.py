@@ -43,9 +43,9 @@ def detected(step: int, what: str, position: Optional[Position] = None) -> Nonfi
 
 
 def rolled_back(step: int, restored: int, source: RestoreSource, path: str, skip: bool, secs: float,
-                position: Optional[Position] = None) -> RolledBack:
+                position: Optional[Position] = None, group: bool = False) -> RolledBack:
     epoch, batch = _at(position, step)
-    return RolledBack(os.getpid(), step, restored, source, path, skip, secs, time.time(), epoch, batch)
+    return RolledBack(os.getpid(), step, restored, source, path, skip, secs, time.time(), epoch, batch, group)
 
 
 def skipped(step: int, count: int, position: Optional[Position] = None) -> StepSkipped:
@@ -59,6 +59,7 @@ def spiked(spike: Spike, action: str, position: Optional[Position] = None) -> Sp
                          time.time(), epoch, batch)
 
 
-def replayed(spike: Spike, reproduced: bool, replay_loss: Optional[float]) -> SpikeReplayed:
+def replayed(spike: Spike, reproduced: bool, replay_loss: Optional[float],
+             differs_at: Optional[int] = None) -> SpikeReplayed:
     return SpikeReplayed(os.getpid(), spike.step, spike.onset, reproduced, spike.loss, replay_loss, socket.gethostname(),
-                         time.time())
+                         time.time(), differs_at)

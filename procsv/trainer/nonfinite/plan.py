@@ -108,3 +108,38 @@ def judge(bad: Optional[int], plan: Plan) -> Action:
     if not plan.skipping:
         return Action.FINITE
     return Action.SKIP_OR_BISECT
+
+
+def first_replayed(restored: int, bad: int) -> range:
+    """The step whose first-run loss a replay from the state of ``restored`` must give again, bit for bit, before
+    the bad step ``bad`` (a NaN's retried step, a spike's onset): the first one replayed (none if that is
+    ``bad``). Its loss is the restored state's forward pass on its batch alone (no update of the replay's in
+    it: the nondeterministic kernels of a gradient, a GPU's atomics, do not change it), so only another batch,
+    or a random op whose state no checkpoint holds, makes it differ."""
+    return range(restored + 1, min(restored + 2, bad))
+
+
+def input_differs(first: dict[int, float], replayed: dict[int, float]) -> tuple[int, float, float] | None:
+    """The first step of ``first`` (the first run's losses of steps a rollback's replay trains again
+    before the bad step, or a spike's onset) whose ``replayed`` loss differs from it, bit for bit: the
+    step, its first loss and the replay's; None if every one replayed so far is equal (a step not
+    replayed, or not read, yet is not compared). A difference means the program's input did not come
+    back with the restored state (its batch is no function of the step: a counter or an iterator of its
+    own; or a random op whose state no checkpoint holds): the replay trained other batches, and says
+    nothing of the bad step."""
+    for s in sorted(first):
+        if s in replayed and replayed[s] != first[s]:
+            return s, first[s], replayed[s]
+    return None
+
+
+def input_lost(differs: tuple[int, float, float], last: int) -> str:
+    """What :func:`input_differs` found (``differs``: the first replayed step, its first loss and the
+    replay's), in words, and what it cost: the first run's batches of that step .. ``last`` (the retried
+    step, a spike's detection) were not trained again. The run trains on: an exact replay cannot be had
+    there, and losing the run would cost more than those batches."""
+    step, first, then = differs
+    return (f"gave other losses than the first run (step {step}: {first:.6g}, then {then:.6g}): the program's input "
+            "does not come back with the restored step (a counter or iterator of its own, or random numbers no "
+            f"checkpoint holds): the batches of steps {step}-{last} were not trained again; feed the batch of sv.step "
+            "for an exact replay")

@@ -48,7 +48,7 @@ def in_place_refusal(members: int, ps: int) -> str:
     the variables and every step is a collective: a chief that restored and replayed alone would
     train out of lock with the others (members on different states, or a hang in a collective).
     A non-empty answer marks a group's member: it asks for the group's rollback instead
-    (:meth:`procsv.trainer.nonfinite.rollback.NonfiniteRollback._ask_group`)."""
+    (:meth:`procsv.trainer.nonfinite.group_ask.GroupAsk.ask`)."""
     if members <= 1 or ps > 0:
         return ""
     return (f"rollback in place is not available in a trainer group ({members} members under "
@@ -107,6 +107,11 @@ class SkipBudget:
                 return step
             trial.skip(step)
         return None
+
+    def refusal(self, step: int) -> str:
+        """Why skipping ``step`` breaks the bound (one line; said where :meth:`allows` says no)."""
+        return (f"step {step} would be skip {len(self.recent(step)) + 1} within {self.skip_window} steps "
+                f"(--max-skips {self.max_skips}; skipped so far: {', '.join(map(str, self.skipped)) or 'none'})")
 
 
 @dataclass

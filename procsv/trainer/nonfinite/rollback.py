@@ -1,7 +1,9 @@
 """The Supervisor's non-finite collaborator: the watch's wiring, the policy's decision on a refused
-snapshot, and ``rollback``'s restore, replay, retry and skip (this module: the restore; the walk
-through the replay, the retry and the skip at each boundary: its collaborator :mod:`.boundary_work`,
-which performs what the pure :mod:`.plan` decides).
+snapshot, and ``rollback``'s course of restore, replay, retry and skip. Its parts are its
+collaborators: the restore in place (:mod:`.restore`), the walk through the replay, the retry and
+the skip at each boundary (:mod:`.boundary_work`, which performs what the pure :mod:`.plan`
+decides), the settle at the loop's end (:mod:`.loop_end`), a group's ask for its rollback
+(:mod:`.group_ask`) and a loss spike's response (:mod:`.spike_response`).
 
 Runs in the trainer's main thread, at step boundaries only (the step boundary,
 :mod:`procsv.trainer.boundary`, calls it). ``rollback`` when a watched loss of step B was found
@@ -26,12 +28,15 @@ known bad step (only the weights were non-finite), or no finite state before B s
 exit code 4 instead.
 
 In a trainer group (``procsv launch --nproc N``, MultiWorkerMirroredStrategy: each member holds its
-own copy of the variables and every step is a collective) ``rollback`` does not restore in place
-(a member that restored and replayed alone would train out of lock with the others): every member
+own copy of the variables and every step is a collective) no member restores in place alone (a member
+that restored and replayed alone would train out of lock with the others): at the group's K-th steps the
+members' findings are exchanged and, where the verdict is uniform, every member rolls back in place at once
+(:class:`~.group_ask.GroupInPlace`, the checkpoint agent's ``hooks.group_check``); otherwise every member
 checks its losses at the group's snapshot steps, whether or not it takes its snapshot there
-(:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.check_group_step`; the chief at its
-final checkpoint too: a step after the group's last snapshot), and the one that finds step B
-non-finite asks for the group's rollback (:meth:`NonfiniteRollback._ask_group`): it exits with code 5
+(:meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.check_group_step`; the chief at its every
+``save_checkpoint_steps``-th step too, checkpoint or not, and at its final checkpoint: a step after the
+group's last snapshot), and the one that finds step B
+non-finite asks for the group's rollback (:meth:`~.group_ask.GroupAsk.ask`): it exits with code 5
 (:class:`~procsv.common.errors.GroupRollback`) after its ``NonfiniteDetected`` of B; the watchdog
 records B as skipped and restarts the group, whose members all restore the same state before B
 (the group's in-memory snapshot or the newest checkpoint) and skip B when their replay reaches it
@@ -39,53 +44,37 @@ records B as skipped and restarts the group, whose members all restore the same 
 order with exit code 4, as a single trainer does.
 
 A loss spike (``--on-spike``, issue 68) refuses a snapshot the same way; its response
-(:mod:`.spike_response`) uses this module's restore in place, and in a group its ask for the group's
-rollback (:meth:`NonfiniteRollback._ask_group_spike`: the onset .. the detection skipped).
+(:mod:`.spike_response`) uses the same restore in place, and in a group the same ask for the group's
+rollback (:meth:`~.group_ask.GroupAsk.ask_spike`: the onset .. the detection skipped).
 
-One concern: the Supervisor's non-finite collaborator: its wiring, its policy on a refused snapshot,
-and the restore in place that its rollbacks (a non-finite step's, a loss spike's) share.
+One concern: a Supervisor's response to non-finite training and loss spikes, from the refused snapshot to the skip.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from procsv import cluster
 from procsv.common import bootstrap
 from procsv.common.bootstrap import ChildConfig
-from procsv.common.errors import (CorruptCheckpoint, GroupRollback, LossSpiked, NonFiniteState,
-                                  UnreadableCheckpoint, UsageError)
-from procsv.common.manifests import Manifest, read_in_place
-from procsv.ipc.messages import Message, RestoreSource, SessionLogEvent, SessionStatus
+from procsv.common.errors import GroupRolledBack, LossSpiked, NonFiniteState, UsageError
+from procsv.ipc.messages import Message, RestoreSource
 from procsv.trainer.channels import TrainerChannels
-from procsv.trainer.checkpoint import memory_restore
 from procsv.trainer.checkpoint.agent import CheckpointAgent
 from procsv.trainer.checkpoint.keeper import CheckpointKeeper
-from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
-from procsv.trainer.nonfinite import notices, policy, retry_state, scan, spike
+from procsv.trainer.nonfinite import notices, policy, spike
 from procsv.trainer.nonfinite.boundary_work import BoundaryWork
+from procsv.trainer.nonfinite.group_ask import (GroupAsk, GroupInPlace, group_members, group_refusal as _group_refusal,
+                                                ps_tasks as _ps_tasks)
+from procsv.trainer.nonfinite.loop_end import LoopEnd
+from procsv.trainer.nonfinite.plan import first_replayed
 from procsv.trainer.nonfinite.policy import OnNonfinite
+from procsv.trainer.nonfinite.restore import StateRestore
 from procsv.trainer.nonfinite.spike import OnSpike, Spike, SpikeThresholds
 from procsv.trainer.nonfinite.spike_response import SpikeResponse
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 from procsv.trainer.settings import Settings
 from procsv.trainer.step_boundary import StepCounter, StepState
-
-
-def _group_refusal(config: ChildConfig) -> str:
-    """Why this trainer cannot roll back in place ("" if it can): a member of a group (see the module)."""
-    spec = cluster.tf_config().get("cluster")
-    spec = spec if isinstance(spec, dict) else {}
-    members = max(config.place.nproc, len(spec.get("worker") or ()) + len(spec.get("chief") or ()))
-    return policy.in_place_refusal(members, _ps_tasks(config))
-
-
-def _ps_tasks(config: ChildConfig) -> int:
-    """The parameter-server tasks of this trainer's job (0: none)."""
-    spec = cluster.tf_config().get("cluster")
-    return config.place.ps + len((spec if isinstance(spec, dict) else {}).get("ps") or ())
 
 
 class NonfiniteRollback:
@@ -99,7 +88,9 @@ class NonfiniteRollback:
     Supervisor's settings (the ``stop_grace_secs`` a wait for the snapshot in flight takes at most);
     ``config``: the launch's (``--on-nonfinite`` under the program's ``on_nonfinite``, ``--on-spike``
     under its ``on_spike``, ``--max-skips``, ``--skip-window``, ``PROCSV_NONFINITE_CHECK``) and this
-    trainer's place in its group; ``graph``: a TF1 graph program's (no ``--on-spike rollback``). Its
+    trainer's place in its group; ``graph_input``: a TF1 graph program's, how it reads its input inside its
+    graph (:func:`procsv.trainer.graph.replayable.input_inside`; "": it does not), which refuses ``--on-spike
+    rollback``. Its
     :class:`~procsv.trainer.nonfinite.boundary_work.BoundaryWork` (``_walk``) walks the loop through
     each rollback at the step boundaries after the restore, and owns the state kept before a retry.
     Raises :class:`~procsv.common.errors.UsageError` for an ``--on-spike rollback`` it cannot follow."""
@@ -108,18 +99,19 @@ class NonfiniteRollback:
                  flush_summaries: Callable[[], None], clock: Callable[[], float], settings: Settings,
                  on_nonfinite: Optional[str], tags: Sequence[str], ignore: Sequence[str], *,
                  config: ChildConfig = ChildConfig(), on_spike: Optional[str] = None,
-                 spike_thresholds: Optional[SpikeThresholds] = None, graph: bool = False) -> None:
+                 spike_thresholds: Optional[SpikeThresholds] = None,
+                 graph_input: Optional[Callable[[], str]] = None) -> None:
         self._state = state
         self._counter = counter
         self._keeper = keeper
-        self._checkpoint = checkpoint
         self._flush_summaries = flush_summaries
         self._clock = clock
         self._settings = settings  # stop_grace_secs: read live
         self._channels: Optional[TrainerChannels] = None
         group_refusal = _group_refusal(config)
         on_spike_now = spike.parse(bootstrap.resolve(on_spike, config.launch.on_spike, None))
-        refusal = spike.refusal(on_spike_now, graph, _ps_tasks(config) > 0)
+        reads_inside = graph_input() if graph_input is not None and on_spike_now == OnSpike.ROLLBACK else ""
+        refusal = spike.refusal(on_spike_now, _ps_tasks(config) > 0, reads_inside)
         if refusal:
             raise UsageError(refusal)
         # a group's spikes are judged by its chief alone (its loss is the group's; one finding, one record)
@@ -132,11 +124,20 @@ class NonfiniteRollback:
         self._walk = BoundaryWork(self.watch, state, counter, checkpoint, keeper, self._tell, self._roll_back,
                                   self.stop_diverged, self.refused)
         self._program_stopped = ""  # how the program's NanTensorHook ended the training on a NaN ("": it did not)
-        self._reached = -1  # the furthest step a restore of this session undid: the loop had trained to it
+        self._restore = StateRestore(self.watch, state, counter, checkpoint, flush_summaries, clock, settings)
+        self._group = GroupAsk(self.watch, self._tell, self._hand_off)
         # the program's NanTensorHook(fail_on_nan_loss=True) watches the loss: raises its error (None: none does)
         self._program_fails: Optional[Callable[[str], None]] = None
         self._spikes = SpikeResponse(self.watch, self._walk, self._tell, self._restore_for, self._undone_at,
-                                     self._wind_down, self._over_budget, self._ask_group_spike)
+                                     self._wind_down, self.watch.budget.refusal, self._group.ask_spike)
+        self._end = LoopEnd(self.watch, self._walk, state, self._restore, self._spikes, self._tell, self._roll_back,
+                            self.stop_diverged)
+        # a group's rollback in place, on the group's verdict at its K-th steps (PROCSV_GROUP_ROLLBACK=restart: never)
+        rolls_back = self.watch.policy == OnNonfinite.ROLLBACK or self.watch.spike_policy == OnSpike.ROLLBACK
+        self._in_place = GroupInPlace(self.watch, config.place.rank, group_members(config), lambda: self._agent,
+                                      lambda: self._channels, self._tell, self._restore, self._walk,
+                                      self._spikes.settled, self._group) \
+            if group_refusal and config.launch.group_in_place and rolls_back else None
         # (off: no detection at all, no loss kept, no snapshot scanned; what it costs: scripts/bench_nonfinite.py)
         self.detecting = config.launch.nonfinite_check
         if not self.detecting:
@@ -170,6 +171,8 @@ class NonfiniteRollback:
             return  # (a group's members all look: whichever finds it first asks for the group's rollback)
         agent.store.watch = self.watch
         agent.hooks.refused.append(self.refused)
+        if self._in_place is not None:  # its checks at the K-th steps: the group's verdict
+            agent.hooks.group_check = self._in_place.check
 
     def member_checks_at_end(self, on_its_own: bool) -> bool:
         """Whether this trainer, a group's member other than the chief, checks the losses it kept
@@ -182,7 +185,7 @@ class NonfiniteRollback:
         """A session is prepared: its notices go through ``channels``."""
         self._channels = channels
         self._program_stopped, self._program_fails = "", None
-        self._reached = -1
+        self._restore.new_session()
 
     def detach(self) -> None:
         self._channels = None
@@ -219,6 +222,8 @@ class NonfiniteRollback:
         ``--max-skips``. Keras ``fit`` too: its ``on_skipped`` hook has fit's loop draw such a step's batch
         and train none (:meth:`procsv.trainer.keras.rollback.FitRollback.skipped`)."""
         watch = self.watch
+        if self._in_place is not None:
+            self._in_place.begin(step)
         rolls_back = watch.policy == OnNonfinite.ROLLBACK or watch.spike_policy == OnSpike.ROLLBACK
         if not self.detecting or not rolls_back:
             return
@@ -238,6 +243,8 @@ class NonfiniteRollback:
         """A snapshot of a poisoned state was refused (``final``: the final checkpoint): the policy (a
         group member's final checkpoint with a non-finite loss asks for the group's rollback too; a
         loss spike's refusal goes to its response, :mod:`.spike_response`)."""
+        if isinstance(bad, GroupRolledBack):  # the group rolled back in place at that check: nothing more to do
+            return
         if isinstance(bad, LossSpiked):
             self._spikes.refused(bad, final)
             return
@@ -257,7 +264,7 @@ class NonfiniteRollback:
             if final and watch.group_refusal and bad.bad_step is not None:
                 # a group's loss after its last snapshot, found at the chief's final checkpoint: the group
                 # rolls back as at a snapshot (its restart replays past the loop's end), within --max-skips
-                why = self._ask_group(bad.bad_step, bad.describe())
+                why = self._group.ask(bad.bad_step, bad.describe())
             elif snapshot_only:
                 why = self._bisect_snapshot(bad)
             else:
@@ -297,17 +304,17 @@ class NonfiniteRollback:
         return agent.last_committed if agent is not None else -1
 
     def _restore_for(self, step: int) -> tuple[int, str, RestoreSource, str, float] | str:
-        """:meth:`_restore_before` ``step``, where this trainer has checkpoints and a session (else why not)."""
+        """:meth:`StateRestore.before` ``step``, where this trainer has checkpoints and a session (else why not)."""
         agent, ch = self._agent, self._channels
         if agent is None or ch is None:
             return "no checkpoint to roll back to (checkpoint=None)"
         if self.watch.replay_unsupported:
             return self.watch.replay_unsupported
-        return self._restore_before(agent, ch, step)
+        return self._restore.before(agent, ch, step)
 
     def _undone_at(self, restored: int) -> None:
         if self._channels is not None:
-            self._undone(self._channels, restored)
+            self._restore.undone(self._channels, restored, spike=True)
 
     # ------------------------------------------------------------------ rollback
     def _bisect_snapshot(self, bad: NonFiniteState) -> str:
@@ -331,28 +338,31 @@ class NonfiniteRollback:
         if bad_step is None:
             return "only the weights were found non-finite, at a snapshot: the step that made them so is not known"
         if watch.group_refusal:
-            return self._ask_group(bad_step, what)
+            return self._group.ask(bad_step, what)
         if agent is None or ch is None:
             return "no checkpoint to roll back to (checkpoint=None)"
         if watch.replay_unsupported:
             return watch.replay_unsupported
         skip = watch.retry.was_retried(bad_step)
         if skip and not watch.budget.allows(bad_step):
-            return self._over_budget(bad_step)
+            return watch.budget.refusal(bad_step)
         diverging = watch.restores.exceeded(bad_step)
         if diverging:
             return diverging
         began = self._clock()
         kept = self._walk.take_kept(retry=not skip)  # a retry: its state before is kept when the replay reaches it
-        restored, source, path = self._put_back(kept, bad_step) if skip and not watch.retry.bisecting else (-1, "", "")
+        restored, source, path = self._restore.put_back(kept, bad_step) if skip and not watch.retry.bisecting else (-1, "", "")
         again = restored >= 0  # the state before the retry, kept: the snapshot restored last is still the one
         kind, secs = RestoreSource.MEMORY, self._clock() - began
         if not again:
-            done = self._restore_before(agent, ch, bad_step)
+            done = self._restore.before(agent, ch, bad_step)
             if isinstance(done, str):
                 return done
             restored, source, kind, path, secs = done
-        self._undone(ch, restored)
+        # a retry: the first run's loss its replay gives again, if the program's input comes back with the restore
+        self._walk.expect_replay(watch.spikes.losses_at(first_replayed(restored, bad_step))
+                                 if not skip and watch.spikes is not None and not watch.on_restored else {})
+        self._restore.undone(ch, restored)
         watch.retry.aim(bad_step, skip, True if bisect else None)  # one more rollback
         watch.retry.schedule(self._walk.next_due(restored))
         if not again:
@@ -371,242 +381,24 @@ class NonfiniteRollback:
               + f"then {then}", file=sys.stderr, flush=True)
         return ""
 
-    def _restore_before(self, agent: CheckpointAgent, ch: TrainerChannels,
-                        bad_step: int) -> tuple[int, str, RestoreSource, str, float] | str:
-        """Restore the newest finite state before ``bad_step`` in place: the newest in-memory snapshot
-        (:meth:`_restore_memory`), else the newest committed checkpoint, once the snapshot in flight is
-        answered. Returns its step, where it came from in words, as a kind and as a path, and the
-        restore's seconds; or why there is none."""
-        began = self._clock()
-        restored, source, path = self._restore_memory(agent, bad_step)
-        kind = RestoreSource.MEMORY
-        if restored < 0:
-            if agent.in_flight is not None:
-                agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
-            kind = RestoreSource.DISK
-            if not getattr(agent.global_step, "numbered", True):  # no global step: one prefix, rewritten in place
-                self._flush_summaries()
-                began = self._clock()
-                done = self._restore_in_place(agent, bad_step)
-                if isinstance(done, str):
-                    return done
-                restored, source, path = done
-                return restored, source, kind, path, self._clock() - began
-            restored = agent.last_committed
-            if restored < 0 or restored >= bad_step:
-                return f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
-            self._flush_summaries()
-            source = f"{agent.policy.basename}-{restored}"
-            path = os.path.join(agent.layout.logdir, source)
-            began = self._clock()
-            self._read_into_state(agent, path)
-        return restored, source, kind, path, self._clock() - began
-
-    def _read_into_state(self, agent: CheckpointAgent, path: str) -> None:
-        """Restore the checkpoint at ``path`` in place (the disk tier of a rollback)."""
-        if isinstance(agent.store.checkpoint, NameBasedCheckpoint):  # a TF1 graph program's variables
-            agent.store.checkpoint.restore(path)
-        else:
-            self._checkpoint.read(path).expect_partial()
-
-    def _restore_in_place(self, agent: CheckpointAgent, bad_step: int) -> tuple[int, str, str] | str:
-        """The disk tier's restore for a program without a global step: its one checkpoint, ``<basename>``
-        (as TF's Supervisor names it), is rewritten in place at each save and may hold a newer step than
-        the last commit this trainer was told of, so it is read at the step its manifest holds, consistent
-        with a rewrite (:func:`~procsv.common.manifests.read_in_place`). Returns that step, where it came
-        from in words and as a path; or why there is none before ``bad_step``."""
-        import tensorflow as tf
-
-        basename, layout = agent.policy.basename, agent.layout
-        path = os.path.join(layout.logdir, basename)
-        none = f"no committed checkpoint or in-memory snapshot before step {bad_step} to roll back to"
-
-        def read(manifest: Manifest) -> None:
-            if manifest.step >= bad_step:  # not read (its snapshot passed the checks: never expected)
-                return
-            try:
-                self._read_into_state(agent, path)
-            except (tf.errors.DataLossError, tf.errors.NotFoundError) as exc:  # rewritten while read
-                raise CorruptCheckpoint(f"{basename}: {str(exc).splitlines()[0]}") from None
-
-        try:
-            done = read_in_place(layout, basename, read, clock=self._clock)
-        except (CorruptCheckpoint, UnreadableCheckpoint) as exc:
-            return f"{none}: {exc}"
-        if done is None:
-            return none
-        if done.step >= bad_step:
-            return f"{none} ({basename}, the one checkpoint of a run without a global step, holds step {done.step})"
-        return done.step, basename, path
-
-    def _undone(self, ch: TrainerChannels, restored: int) -> None:
-        """The state of ``restored`` was put back in place: the steps after it are undone (the step
-        count, the losses kept and judged for spikes, TensorBoard's points after it)."""
-        step = self._counter.global_step
-        if not getattr(step, "numbered", True):  # no global step: the count kept in Python, held by no checkpoint
-            step.assign(restored)
-        elif getattr(step, "forget", None) is not None:  # a graph program's global step: its last observed value is undone
-            step.forget()
-        self._counter.pending = 0  # the variable holds the restored step
-        self._reached = max(self._reached, self._state.step)
-        self._state.step = restored
-        self.watch.losses.forget()
-        if self.watch.spikes is not None:
-            self.watch.spikes.rewind(restored)
-        ch.to_summary(SessionLogEvent(SessionStatus.START, restored + 1))  # TensorBoard drops the undone steps
-
-    def _over_budget(self, bad_step: int) -> str:
-        budget = self.watch.budget
-        return (f"step {bad_step} would be skip {len(budget.recent(bad_step)) + 1} within {budget.skip_window} steps "
-                f"(--max-skips {budget.max_skips}; skipped so far: {', '.join(map(str, budget.skipped)) or 'none'})")
-
-    def _ask_group(self, bad_step: int, what: str) -> str:
-        """A group member found step ``bad_step`` non-finite (its ``NonfiniteDetected`` is sent): past
-        ``--max-skips``, why it stops (exit 4); else it raises :class:`~procsv.common.errors.GroupRollback`
-        (exit 5), once what was logged is handed off and the snapshot in flight (finite) is committed:
-        the watchdog restarts the group, which skips ``bad_step`` (see the module). No retry first: a
-        retry would cost a second restart of every member."""
-        watch, agent, ch = self.watch, self._agent, self._channels
-        if not watch.budget.allows(bad_step):
-            return self._over_budget(bad_step)
+    def _hand_off(self, step: int) -> None:
+        """Before a group's exit at ``step``: what was logged is handed off, the snapshot in flight committed."""
+        agent, ch = self._agent, self._channels
         self._flush_summaries()
         if agent is not None and ch is not None and agent.in_flight is not None:
-            agent.wait_in_flight(ch, bad_step, self._clock() + self._settings.stop_grace_secs)
-        message = (f"non-finite training at step {bad_step}: {what}; --on-nonfinite rollback in a trainer group: "
-                   f"asking for the group's restart (exit code 5); every member restores the newest state before "
-                   f"step {bad_step} and skips it (skip {len(watch.budget.recent(bad_step)) + 1} of --max-skips "
-                   f"{watch.budget.max_skips} within {watch.budget.skip_window} steps)")
-        print(f"procsv: {message}", file=sys.stderr, flush=True)
-        raise GroupRollback(bad_step, message)
+            agent.wait_in_flight(ch, step, self._clock() + self._settings.stop_grace_secs)
 
-    def _ask_group_spike(self, bad: LossSpiked) -> str:
-        """The chief of a group found a loss spike ``bad`` under ``--on-spike rollback`` (its ``SpikeDetected``
-        is sent, with its onset: the watchdog takes the onset as the step the group's rollback skips): past
-        ``--max-skips``, why it stops (exit 4); else, once what was logged is handed off and the snapshot in
-        flight is committed, the steps after the onset up to the detection are told skipped (the restarted
-        group skips them with the onset) and it raises :class:`~procsv.common.errors.GroupRollback` (exit 5),
-        as :meth:`_ask_group` for a non-finite step. No replay first: a group's spike is taken as the data's."""
-        watch, agent, ch = self.watch, self._agent, self._channels
-        steps = range(bad.onset, bad.detected + 1)
-        over = watch.budget.first_refused(steps)
-        if over is not None:
-            return f"skipping steps {bad.onset}-{bad.detected}: {self._over_budget(over)}"
-        self._flush_summaries()
-        if agent is not None and ch is not None and agent.in_flight is not None:
-            agent.wait_in_flight(ch, bad.detected, self._clock() + self._settings.stop_grace_secs)
-        told = len(watch.budget.skipped) + 1  # (the onset: counted when the watchdog restarts the group)
-        for s in steps[1:]:
-            told += 1
-            self._tell(notices.skipped(s, told, watch.position))
-        skipped = f"step {bad.onset}" if bad.onset == bad.detected else f"steps {bad.onset}-{bad.detected}"
-        message = (f"{bad.what}; --on-spike rollback in a trainer group: asking for the group's restart (exit code "
-                   f"5); every member restores the newest state before step {bad.onset} and skips {skipped} (a "
-                   f"group's spike is taken as the data's, not replayed first)")
-        print(f"procsv: {message}", file=sys.stderr, flush=True)
-        raise GroupRollback(bad.onset, message)
-
-    def _put_back(self, kept: Optional[retry_state.KeptState], bad_step: int) -> tuple[int, str, str]:
-        """Put back the state kept before the retry of ``bad_step`` (:mod:`.retry_state`), if it is
-        that step's and the object graph is the same; returns its step, where it came from in words
-        and as a path, or (-1, "", "") if not put back."""
-        if kept is None or kept.step != bad_step - 1:
-            return -1, "", ""
-        self._flush_summaries()
-        if not retry_state.put_back(self._checkpoint, kept):
-            return -1, "", ""
-        return kept.step, "the state kept before the retry", f"memory#retry{kept.step}"
-
-    def _restore_memory(self, agent: CheckpointAgent, bad_step: int) -> tuple[int, str, str]:
-        """Restore the newest in-memory snapshot before ``bad_step`` in place if it is at least as new
-        as the newest committed checkpoint and verifies (:mod:`procsv.trainer.checkpoint.memory_restore`);
-        returns its step, where it came from in words and as a path (the snapshot memory's, and
-        its slot), or (-1, "", "") for the disk."""
-        store = agent.store
-        if isinstance(store.checkpoint, NameBasedCheckpoint):  # no assign-from-memory ops in its frozen graph
-            return -1, "", ""
-        copy = memory_restore.newest_before(store.copies, store.arena, bad_step)
-        if copy is None or store.arena is None or copy.step < agent.last_committed:
-            return -1, "", ""
-        ignore = self.watch.ignore
-        frames = list(copy.frames)
-        checkpoint = self._checkpoint
-
-        def poison(specs: Any, memory: Any) -> tuple[str, ...]:
-            return scan.nonfinite_keys(specs, frames, memory, scan.rules(checkpoint, ignore))
-
-        why = memory_restore.problem(checkpoint, copy, store.arena, poison)
-        if why:
-            print(f"procsv: not rolling back to the in-memory snapshot of step {copy.step} ({why}); "
-                  "restoring from disk", file=sys.stderr, flush=True)
-            return -1, "", ""
-        self._flush_summaries()
-        memory_restore.restore(checkpoint, copy, store.arena)
-        return copy.step, "the in-memory snapshot", f"{store.arena.ref().path}#slot{copy.slot}"
-
+    # ------------------------------------------------------------------ the loop's end
     def spikes_refused(self, step: int) -> bool:
-        """The finite losses read since the last judgement judged for spikes now (at the state of ``step``,
-        not at a snapshot: the loop's end, Keras fit's epoch end), one found followed as a refused
-        snapshot's would be (:meth:`SpikeResponse.refused`: rolled back, or a stop in order that raises
-        :class:`~procsv.common.errors.TrainingDiverged`); True if one was refused."""
-        try:
-            self.watch.judge_spikes(step)
-        except LossSpiked as spiked:
-            self._spikes.refused(spiked, False)
-            return True
-        return False
+        """The finite losses read since the last judgement judged for spikes now (at the state of ``step``):
+        :meth:`LoopEnd.spikes_refused`; True if one was refused."""
+        return self._end.spikes_refused(step)
 
     def settle_at_end(self, replay: Optional[Callable[[], bool]]) -> None:
-        """The loop ended on its own at the current step E, before the final checkpoint: under ``rollback``,
-        the training is finished as if the loop had run on. A rollback's replay the loop ended inside (E
-        before the furthest step D a restore undid: a loop bounded by its own count of runs) is replayed
-        on to D by ``replay`` (one more run of the loop's last step function, which reads its step itself;
-        False: the program's own hook asked for no more runs), the pending retry judged and its step
-        skipped or given up on the way, as at any boundary. Then the losses kept since the last check are
-        checked (one read) and a non-finite one at step B is rolled back, replayed and retried or skipped
-        like any other, until the step is E (or D) again. ``replay`` None (the last step function was
-        handed its input as arguments; a TF1 graph program's loop feeds its own): nothing is replayed or
-        checked here; a replay the loop ended inside is said in one line naming the steps lost (no
-        checkpoint older than the newest committed one is committed:
-        :meth:`~procsv.trainer.checkpoint.agent.CheckpointAgent.final`), and the final checkpoint's check
-        stops the run with exit code 4 as ``stop`` does. Raises :class:`~procsv.common.errors.TrainingDiverged`
-        where a rollback cannot be (the skip bound, ...; the program's ``NanTensorHook``'s error)."""
-        watch = self.watch
-        if self._program_stopped:  # the program's NanTensorHook stopped the loop on the NaN, as it asked: no rollback
+        """The loop ended on its own at the current step, before the final checkpoint: under ``rollback``,
+        the training is finished as if the loop had run on (:meth:`LoopEnd.settle`; ``replay`` None: nothing
+        is replayed or checked here). Nothing where the program's ``NanTensorHook(fail_on_nan_loss=False)``
+        stopped the loop on the NaN, as it asked: no rollback."""
+        if self._program_stopped:
             return
-        if not self.detecting or watch.policy != OnNonfinite.ROLLBACK or replay is None or watch.group_refusal:
-            self._say_lost()
-            return
-        end = max(self._state.step, self._reached)
-        while True:
-            if self._walk.work():  # the retry's judgement or a skip, due at this step
-                continue
-            if self._state.step < end:
-                if replay():
-                    continue
-                self._say_lost()
-                return
-            bad = watch.losses.check()
-            if bad is None:
-                if self.spikes_refused(end):  # the spikes among them (--on-spike): rolled back like any other, or a stop
-                    continue
-                return
-            what = f"the loss of step {bad} is NaN or infinite (found when the loop ended)"
-            notices.tell(self._channels, notices.detected(bad, what, watch.position))
-            why = self._roll_back(bad, what)
-            if why:
-                self.stop_diverged(NonFiniteState(end, bad), why, False)
-                return
-
-    def _say_lost(self) -> None:
-        """The loop ended inside a rollback's replay, which is not finished here: one line naming the steps lost."""
-        step, reached, pending = self._state.step, self._reached, self.watch.retry.target
-        if reached <= step:
-            return
-        one = reached == step + 1
-        lost = f"step {reached}" if one else f"steps {step + 1}-{reached}"
-        retry = (f"; step {pending} is neither retried nor skipped" if pending is not None and pending > step else "")
-        print(f"procsv: the training loop ended at step {step}, inside the replay after a non-finite rollback: {lost}, "
-              f"trained before the rollback, {'is' if one else 'are'} lost{retry} (procsv cannot replay "
-              f"{'it' if one else 'them'} without the program's loop); "
-              f"the final checkpoint is of step {step}, and none older than the newest committed one is committed",
-              file=sys.stderr, flush=True)
+        self._end.settle(replay if self.detecting else None)

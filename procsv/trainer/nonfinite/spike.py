@@ -64,27 +64,36 @@ class OnSpike(str, enum.Enum):
 DEFAULT = OnSpike.WARN  # a false flag under rollback would drop the user's batches: rollback is asked for
 
 
-def refusal(policy: OnSpike, graph: bool, ps: bool = False) -> str:
-    """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for an
-    eager loop (a custom loop under ``procsv.Supervisor``, an eager ``MonitoredTrainingSession``, Keras
-    ``fit``) of a single trainer or of a trainer group's members (the group rolls back as a group:
-    :mod:`.spike_response`), not yet for a TF1 graph program (``graph``) nor a task of a parameter-server
-    job (``ps``); Keras ``fit`` with a Keras version its replay is not tested with refuses it as it
-    starts (:func:`unsupported`)."""
+PS_WHY = ("its variables live on the parameter servers, shared by every worker, which go on updating them "
+          "asynchronously: one worker's restore would undo the others' steps, and its replay could not give the "
+          "same losses again")
+
+
+def refusal(policy: OnSpike, ps: bool = False, graph_input: str = "") -> str:
+    """Why ``policy`` cannot be followed by this trainer ("" if it can): ``rollback`` is built for a
+    custom loop under ``procsv.Supervisor`` or a ``MonitoredTrainingSession``, eager or TF1 graph, and
+    Keras ``fit``, of a single trainer or of a trainer group's members (the group rolls back as a group:
+    :mod:`.spike_response`); not for a task of a parameter-server job (``ps``, :data:`PS_WHY`), nor for a
+    graph program whose input is read inside its graph from state no checkpoint restores (``graph_input``
+    says how: :func:`procsv.trainer.graph.replayable.input_inside`), whose replay would train other
+    batches. Keras ``fit`` with a Keras version its replay is not tested with refuses it as it starts
+    (:func:`unsupported`)."""
     if policy != OnSpike.ROLLBACK:
         return ""
-    if graph:
-        return unsupported("a TF1 graph program")
     if ps:
-        return unsupported("a parameter-server job (--ps)")
+        return unsupported("a parameter-server job (--ps)", PS_WHY)
+    if graph_input:
+        return unsupported("a TF1 graph program whose input is read inside its graph",
+                           f"{graph_input}, which no checkpoint restores: a replay would train other batches; feed "
+                           "the batch or compute it from the global step")
     return ""
 
 
-def unsupported(where: str) -> str:
-    """The one line that refuses ``--on-spike rollback`` in ``where``."""
-    return (f"--on-spike rollback is not supported in {where} yet (only in an eager custom loop, "
-            "MonitoredTrainingSession or Keras fit, of a single trainer or a trainer group): use --on-spike warn "
-            "or stop (or on_spike=...)")
+def unsupported(where: str, why: str = "") -> str:
+    """The one line that refuses ``--on-spike rollback`` in ``where`` (``why``: and why)."""
+    return (f"--on-spike rollback is not supported in {where} yet ({why + '; ' if why else ''}only in a custom loop "
+            "or MonitoredTrainingSession, eager or TF1 graph, or Keras fit, of a single trainer or a trainer group): "
+            "use --on-spike warn or stop (or on_spike=...)")
 
 
 def parse(value: Optional[str], default: OnSpike = DEFAULT) -> OnSpike:
@@ -428,6 +437,11 @@ class SpikeHistory:
     def last(self) -> Optional[int]:
         """The last step judged (None: none since the start or the last restore before every one)."""
         return self._steps[-1] if self._steps else None
+
+    def losses_at(self, steps: range) -> dict[int, float]:
+        """The losses of those of ``steps`` the window, the last judgement or the losses fed since hold."""
+        at = {**dict(zip(self._steps, self._losses)), **self._batch, **self._fed}
+        return {s: at[s] for s in steps if s in at}
 
     def losses_of(self, steps: range) -> Optional[tuple[float, ...]]:
         """The judged losses of ``steps`` (None unless every one is in the window or the last judgement's)."""

@@ -5,7 +5,7 @@ Runs in the trainer's main thread, at step boundaries: the check before a snapsh
 judges the finite losses it read (:mod:`.spike`, through the watch) and hands the spikes it found to
 :meth:`SpikeResponse.judged`; a snapshot it refused comes back through the step boundary to
 :meth:`SpikeResponse.refused`. Kept by the non-finite rollback
-(:class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`), whose restore it uses.
+(:class:`~procsv.trainer.nonfinite.rollback.NonfiniteRollback`), whose restore (:mod:`.restore`) it uses.
 
 * Every spike is told to the watchdog (:class:`~procsv.ipc.messages.SpikeDetected`: the lifecycle
   record ``spike_detected``) as it is found.
@@ -33,16 +33,21 @@ judges the finite losses it read (:mod:`.spike`, through the watch) and hands th
   the final checkpoint's check (no step left to replay), or one the skip bound does not allow, stops
   the run as ``stop`` does, saying why. A spike whose steps the program cannot replay (a restore hook
   gave the replay up: Keras fit's batches since the restored state not all kept) gets no verdict, said
-  in the rollback's line. A non-finite step's rollback under way is not cut short:
+  in the rollback's line. Nor does one whose replay's first step before the onset gives another loss than the
+  first run's (:func:`~.plan.input_differs`: the program's input does not come back with the restored step, a
+  counter or an iterator of its own, or random numbers no checkpoint holds): the replay trained other
+  batches, its state is kept, training goes on, and one line says what it cost (its record's ``differs_at``
+  counts no fault of the host). A non-finite step's rollback under way is not cut short:
   such a spike is only said.
 
 In a trainer group (``--nproc``, MultiWorkerMirroredStrategy) the chief alone judges its losses (its
 loss is the group's when the step returns ``strategy.reduce(SUM, ...)``), and no member rolls back
-in place: under ``rollback`` the chief asks for the group's rollback as a member does for a non-finite
-step (the rollback's ``ask_group``: exit code 5, the watchdog restarts the group, every member restores
-the newest state before the onset and skips the onset .. the detection). No replay tells the machine's
-spike from the data's first (it would cost a restart of every member): a group's spike is always
-taken as the data's, and its steps are skipped.
+in place alone: found at the group's K-th step, the group's verdict rolls every member back in place at
+once (:class:`~.group_ask.GroupInPlace`: :meth:`settled` then drops the spike here); otherwise, under
+``rollback``, the chief asks for the group's rollback as a member does for a non-finite step (the
+rollback's ``ask_group``: exit code 5, the watchdog restarts the group, every member restores the newest
+state before the onset and skips the onset .. the detection). No replay tells the machine's spike from the
+data's first: a group's spike is always taken as the data's, and its steps are skipped.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from procsv.common.errors import LossSpiked, TrainingDiverged
 from procsv.ipc.messages import Message, RestoreSource
 from procsv.trainer.nonfinite import notices
 from procsv.trainer.nonfinite.boundary_work import BoundaryWork
+from procsv.trainer.nonfinite.plan import first_replayed, input_differs, input_lost
 from procsv.trainer.nonfinite.spike import OnSpike, Spike
 from procsv.trainer.nonfinite.watch import NonfiniteWatch
 
@@ -86,7 +92,7 @@ class SpikeResponse:
         self._wind_down = wind_down
         self._over_budget = over_budget
         self._ask_group = ask_group
-        self._replaying: dict[int, tuple[Spike, tuple[float, ...]]] = {}
+        self._replaying: dict[int, tuple[Spike, tuple[float, ...], dict[int, float]]] = {}
         self._skip: set[tuple[int, int]] = set()
 
     def judged(self, spikes: tuple[Spike, ...], step: int) -> None:
@@ -102,9 +108,14 @@ class SpikeResponse:
         last = history.last if history is not None else None
         resolved: set[int] = set()
         for detected in sorted(d for d in self._replaying if last is not None and last >= d):
-            first, losses = self._replaying.pop(detected)
+            first, losses, earlier = self._replaying.pop(detected)
             again = history.losses_of(first.steps) if history is not None else None
-            resolved.add(detected)
+            resolved.add(detected)  # (a spike the replay's losses show again is not rolled back again)
+            differs = input_differs(earlier, history.losses_at(range(min(earlier), first.onset))
+                                    if history is not None and earlier else {})
+            if differs is not None:  # the replay trained other batches: it says nothing of whose the spike was
+                self._unanswered(first, again[-1] if again else None, differs)
+                continue
             if again is not None and again == losses:
                 self._tell(notices.replayed(first, True, again[-1]))
                 self._skip.add((first.onset, first.step))
@@ -128,8 +139,21 @@ class SpikeResponse:
                   file=sys.stderr, flush=True)
             return
         if action == OnSpike.ROLLBACK:
-            self._replaying[spike.step] = (spike, spike.losses or (spike.loss,))
+            self._replaying[spike.step] = (spike, spike.losses or (spike.loss,), {})
         raise LossSpiked(step, spike.onset, spike.step, spike.describe())
+
+    def settled(self, detected: int) -> None:
+        """The spike detected at ``detected`` was rolled back by its trainer group in place, its steps skipped
+        (:mod:`.group_verdict`): nothing more is judged or replayed for it."""
+        self._replaying.pop(detected, None)
+        self._skip = {k for k in self._skip if k[1] != detected}
+
+    def _unanswered(self, first: Spike, replay_loss: float | None, differs: tuple[int, float, float]) -> None:
+        """The replay of the spike ``first`` trained other batches than the first run (its first step
+        ``differs``): no verdict, neither the data's nor the machine's; its state is kept and training goes on."""
+        self._tell(notices.replayed(first, False, replay_loss, differs[0]))
+        print(f"procsv: the loss spike at step {first.step} got no verdict: its replay {input_lost(differs, first.step)}; "
+              f"the replayed state is kept; training on", file=sys.stderr, flush=True)
 
     def _transient(self, first: Spike, replay_loss: float | None) -> None:
         """The replay of the spike ``first`` did not give its losses again: a fault of this machine."""
@@ -178,6 +202,12 @@ class SpikeResponse:
         if isinstance(done, str):
             return done
         restored, source, kind, path, secs = done
+        history = watch.spikes
+        if not skip and bad.detected in self._replaying and history is not None and not watch.on_restored:
+            # the first run's loss the replay gives again before the onset, if its input comes back with the
+            # restored step (a front-end that replays the batches it kept, Keras fit's, gives them back itself)
+            spike_, losses, _ = self._replaying[bad.detected]
+            self._replaying[bad.detected] = (spike_, losses, history.losses_at(first_replayed(restored, bad.onset)))
         self._undone(restored)
         self._tell(notices.rolled_back(bad.onset, restored, kind, path, skip, secs, watch.position))
         if skip:

@@ -30,7 +30,13 @@ def reversible() -> bool:
 
 def lower() -> bool:
     """Put every thread of this process under ``SCHED_IDLE`` if :func:`reversible`; True if done."""
-    if not hasattr(os, "SCHED_IDLE") or not reversible():
+    return reversible() and idle_for_good()
+
+
+def idle_for_good() -> bool:
+    """Put every thread of this process under ``SCHED_IDLE`` for the rest of its life (an auditor, issue 71:
+    never promoted, so nothing needs undoing); True if done. Threads made later inherit it."""
+    if not hasattr(os, "SCHED_IDLE"):
         return False
     try:
         _set_all(os.SCHED_IDLE)

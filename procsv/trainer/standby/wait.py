@@ -31,7 +31,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import psutil
 import zmq
@@ -48,6 +48,12 @@ from procsv.trainer.standby import priority, servers
 
 _standing_by = False  # this process is a hot standby not promoted (yet): :func:`stand_by`, :func:`wait_for_promotion`
 
+
+
+def leave() -> NoReturn:
+    """End this process at once with 0, nothing of the program's after it (no checkpoint, no teardown): a standby
+    the run no longer needs, an auditor that answered (issue 71)."""
+    os._exit(0)
 
 def stand_by() -> None:
     """This process starts as a hot standby (the trainer's bootstrap, before the program runs): until
@@ -78,7 +84,7 @@ def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
     old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))  # unless blocked (below)
     senders = _Senders.open(ctx.config.parent_pid)
     if outcome.early_stop_signal() is not None:
-        os._exit(0)  # the run ended while this standby was still getting ready
+        leave()  # the run ended while this standby was still getting ready
     if senders is not None:
         senders.take_stops()  # one that came while it was getting ready
     prepared = max(0.0, time.time() - psutil.Process().create_time())
@@ -177,7 +183,7 @@ class _Senders:
         """Exit 0 on a stop signal the watchdog sent (or anyone's once it is gone); say so for another."""
         for sig in self.stops.read():
             if self.watchdog.obeys(sig):
-                os._exit(0)
+                leave()
             print(self.watchdog.left_line("procsv standby", sig), flush=True)
 
     def take_promotion(self) -> bool:

@@ -4,35 +4,46 @@ Runs in the ``procsv launch`` process of hosts 1..M-1. It decides nothing: node 
 the job's one decision function. The agent connects to the master over ZeroMQ TCP over CURVE
 (:mod:`procsv.common.curve`) with a key pair of its own, made when it starts (the secret stays in
 its memory; it files the public key for the launch in the shared logdir and pins the master's public key from
-there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat),
+there), says which node it is and where its next members will listen (:class:`NodeHello`, also its heartbeat,
+every 0.1 s; it names the agent's probe port, :class:`~.probes.ProbePort`, whose handshakes its host's kernel
+answers for it while it is stopped or starved: rule 12 tells a slow agent from a silent host by them),
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
 from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
 through each member's pidfd, never by pid: once reaped, its pid may name another process; every member, one
 forked by the pre-warmed trainer too, is the agent's own child, reaped by the agent; what a member leaves
 behind is re-parented to the agent, a child subreaper, and killed and reaped by the watchdog's own sweep,
 :class:`~procsv.watchdog.housekeeping.Sweeper`), relays their reports (:class:`Relayed`: progress, restore and
-non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`) and tells of their ends
-(:class:`MemberEnded`). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
+non-finite training, :data:`~procsv.ipc.node_messages.RELAYABLE`), tells of their ends
+(:class:`MemberEnded`) and reads their stacks when asked (:class:`StacksAsked`: before the kill of a hung
+group, or for a ``procsv stacks`` on node 0's host; the watchdog's own capture, off its loop, answered with a
+:class:`StacksTaken` per member). It runs no checkpoint or summary service: only the chief (task 0, on node 0) saves and
 writes summaries; node 1's agent holds a replica of node 0's group copies in a thread (:mod:`.holder`). Its loop never waits on the shared logdir: the reads and writes of a reconnect (the job file,
 this agent's key file) and the rotation of its members' logs are jobs of a thread of its own
 (:class:`~procsv.watchdog.diskjobs.DiskJobs`), and a member opens its own log
 (:func:`procsv.common.spawn.logged_argv`); it beats to node 0 meanwhile.
 
-If the master goes silent for ``node_timeout`` seconds (node 0's ``--node-timeout``, which every
-:class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
+If the master is found lost (rule 12 the other way, :func:`~procsv.watchdog.rules.hosts.master_lost`: its
+beats, every 0.1 s, late past the adaptive bound and its address answering none of this agent's probes, within
+0.5 s of a silent host or a launch gone; or silent for ``node_timeout`` seconds, node 0's ``--node-timeout``, which
+every :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
 ``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
-and keeps reconnecting, reloading the launch's public key and filing its own key again for a relaunched master's
-new launch; after ``rejoin_timeout`` seconds it exits 1 (an elastic job's outlives a partition: :mod:`.masterseen`).
+and keeps reconnecting (every second once found lost), reloading the launch's public key and filing its own key
+again for a relaunched master's new launch; node 1's agent says its first hello to a relaunched master once its
+holder handed its copies back there (``HOLDER_WAIT_SECS`` at most); after ``rejoin_timeout`` seconds it exits 1
+(an elastic job's outlives a partition: :mod:`.masterseen`).
 A SIGTERM/SIGINT is left to node 0 while connected (:mod:`.agentstop`), else it stops the members and exits
 143/130; :class:`NodeStop` exits with the job's exit code. A master that refuses its claim of its node rank (:class:`NodeRefused`: another agent holds it) is asked
 again for twice ``node_timeout`` seconds (a holder that died is found lost by then), then the agent exits 2 with
 the master's reason. It removes its key file when it exits. Its loop stamps ``pulse``, from which
 ``--metrics-port`` (served by :mod:`procsv.cli`) answers only the probes ``/healthz`` (the loop turns) and
 ``/readyz`` (a member of this host completed a step).
+
+One concern: a host's agent for node 0, from joining the job to its exit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -48,8 +59,9 @@ from procsv.common.env import RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
-from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, NodeHello, NodeRefused,
-                                 NodeStop, Progress, Relayed, SignalMember, StartMembers)
+from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, NodeHello, NodeRefused,
+                                 NodeStop, ProcessStacks, Progress, Relayed, SignalMember, StacksAsked, StacksTaken,
+                                 StartMembers)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.common import curve, faults
 from procsv.watchdog.multihost import agentstop
@@ -61,15 +73,21 @@ from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.rules.state import WORKER
+from procsv.ipc.stack_messages import fitted
+from procsv.watchdog.stacks.capture import LOOK_EVERY, Readings, activity
 from procsv.watchdog.logrotate import rotate
 from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.masterseen import MasterSeen
-from procsv.watchdog.multihost.nodes import BEAT_SECS, host_ip
+from procsv.watchdog.multihost.nodes import host_ip
+from procsv.watchdog.multihost.probes import ProbePort
+from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 
 TICK = 0.05
+HOLDER_WAIT_SECS = 5.0  # a relaunched master: node 1 joins once its holder handed its copies back, or this long after
+REJOIN_LOOK_SECS = 1.0  # a master found lost: the agent reads the launch's job file this often (a relaunch's new keys)
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
-MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, NodeStop, NodeRefused})
+MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, StacksAsked, NodeStop, NodeRefused})
 MEMBER_ACCEPT = RELAYABLE  # what its members report (as to a watchdog), all relayed to node 0
 
 
@@ -109,9 +127,12 @@ class NodeAgent(Prewarmed):
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
-        self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes)
-        self.pulse, self.stepped = pulse or LoopPulse(clock), False  # what --metrics-port's probes answer from
+        # (and node 0 as this agent sees it: rules.hosts.master_lost, its beats' gaps and the probes of its address)
+        self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes,
+                               cfg.master_addr or "", clock)
+        self.pulse = pulse or LoopPulse(clock)  # what --metrics-port's probes answer from (it latches a step)
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
+        self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -140,7 +161,7 @@ class NodeAgent(Prewarmed):
                     self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
                                          self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
                                          self.cfg.cwd, self.cfg.preload, self.clock, grown)
-                dealer = self._loop(zctx, pull, stops)
+                dealer = self._loop(zctx, pull, stops, holder)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
             if seed is not None:  # an agent that ended before its zygote
                 seed.discard()
@@ -156,55 +177,92 @@ class NodeAgent(Prewarmed):
             pull.close(0)
             zctx.term()
             self.disk.close()
+            self.stacks.close()
             curve.unfile_agent_key(self.key_file)
             release_runtime_dir(runtime.path)
         return self.stop_code if self.stop_code is not None else 1
 
-    def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int]
+    def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], holder: Optional[Holder]
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
+        self.heard_at = self.clock()
+        port = ProbePort(self.host)  # node 0's probes: this host's kernel answers them, this loop turning or not
+        try:
+            return self._turn(zctx, pull, stops, port, "" if faults.fires("agent", "no_probe_port") else port.address,
+                              holder)
+        finally:
+            port.close()
+            self.seen.close()
+
+    def _turn(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], port: ProbePort,
+              probe: str, holder: Optional[Holder]) -> "Optional[zmq.Socket[Any]]":
+        """The loop of :meth:`_loop`, with its probe port (``probe``: its address as said in each hello; "" for
+        none, a bench's agent as before the probes: ``PROCSV_FAULT=agent:no_probe_port``). Node 1's agent holds
+        back its hellos to a relaunched master (a new launch, after one it knew) until its ``holder`` handed its
+        copies back to the new launch's checkpoint service, ``HOLDER_WAIT_SECS`` at most: the relaunched group
+        starts once every host joined, and its chief's first restore asks that service for them."""
         dealer: Optional[zmq.Socket[Any]] = None
         link = 0  # its connections to the master so far: each hello names the one it is sent on (NodeHello.link)
         connected_at = beat_at = float("-inf")
-        self.heard_at = self.clock()
+        only_new = False  # the reconnect in flight connects only to a new launch
+        relaunch_at: Optional[float] = None  # a relaunched master's launch read then, its hellos held back for the holder
         while self.stop_code is None:
             now = self.clock()
             timeout = self.node_timeout
             self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.heard_at <= timeout, self.say)
             if self.stop_code is not None:  # (None until now: the loop's condition)
                 break
-            if self._rejoin is None and (dealer is None or (now - self.heard_at > 2 * timeout
-                                                            and now - connected_at > timeout)):
+            # found lost: a relaunched master is looked for every second (only_new: its socket is kept for the same
+            # launch, which ZeroMQ reconnects by itself; a new one each second could outrun a master slow to beat)
+            anew = dealer is None or (now - self.heard_at > 2 * timeout and now - connected_at > timeout)
+            if self._rejoin is None and (anew or (self.seen.is_lost and now - connected_at > REJOIN_LOOK_SECS)):
                 self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
-                connected_at = now
+                connected_at, only_new = now, not anew
             if self._rejoin is not None and self._rejoin.done:
-                fresh = self._reconnect(zctx, dealer, self._rejoin)
+                known = self.job
+                fresh = self._reconnect(zctx, dealer, self._rejoin, only_new)
+                if known is not None and self.job != known and holder is not None:
+                    relaunch_at = now
                 if fresh is not dealer:
                     link += 1
                 dealer = fresh
                 self._rejoin = None
             if self.zygote is not None:
                 self.zygote.pump()
+            port.take()
             if dealer is not None:
                 self._from_master(dealer)
+                self.seen.probe(now)  # (rule 12 the other way: the answers observed before master_lost decides)
                 self._forked(dealer)
                 self.relay(pull, dealer)
+                self._look(dealer, now)
+                for ask, got, _ in self.stacks.done():  # (one that raised: none read)
+                    for p in list[Optional[ProcessStacks]](got or []) or [None]:
+                        send(dealer, StacksTaken(ask, len(got or []), p))
                 if self._reap(dealer):
                     self._sweep()
-                if now - beat_at >= BEAT_SECS:
+                if relaunch_at is not None and (holder is None or holder.handed == self.job
+                                                or now - relaunch_at >= HOLDER_WAIT_SECS):
+                    relaunch_at = None
+                if relaunch_at is None and now - beat_at >= AGENT_BEAT_SECS - TICK / 2:  # (a beat each 0.1 s)
                     beat_at = now
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
                     send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
-                                           sorted(self.members), self.stop.signum or 0, warm, link))
+                                           sorted(self.members), self.stop.signum or 0, warm, link, probe))
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
             if self.sweeper.due():
                 self._sweep()
             silent = now - self.heard_at
-            if silent > timeout and any(m.killed_at is None for m in self.members.values()):
+            why = self.seen.lost(now, timeout) if dealer is not None else None  # (once per loss: a beat clears it)
+            live = any(m.killed_at is None for m in self.members.values())
+            if live and why is not None and silent <= timeout:  # (the fast way; past the bound, said as before)
+                self.say(f"node 0 is lost ({why}): stopping this host's trainers (a stale group)")
+            elif live and (silent > timeout or self.seen.is_lost):
                 self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
                          f"--node-timeout {timeout:g}): stopping this host's trainers")
+            if live and (why is not None or silent > timeout or self.seen.is_lost):
                 for m in self.members.values():
                     m.kill(now)  # (reaped by _reap, reported once reaped)
             if self.seen.gone(now, self.heard_at, timeout):
@@ -212,7 +270,7 @@ class NodeAgent(Prewarmed):
                          "giving up")
                 self.stop_code = 1
                 break
-            self.pulse.beat(self.stepped)
+            self.pulse.beat(False)
             time.sleep(TICK)
         return dealer
 
@@ -244,12 +302,15 @@ class NodeAgent(Prewarmed):
             return _Rejoin(job, problem=f"cannot file this agent's key in {self.layout.logdir} "
                                         f"({exc.strerror or exc}); trying again")
 
-    def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]", read: "Job[_Rejoin]"
-                   ) -> "Optional[zmq.Socket[Any]]":
-        """Connect to the master with what the logdir thread read (:meth:`_read_job`)."""
+    def _reconnect(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]", read: "Job[_Rejoin]",
+                   only_new: bool = False) -> "Optional[zmq.Socket[Any]]":
+        """Connect to the master with what the logdir thread read (:meth:`_read_job`); ``only_new``: only if it
+        names a new launch (else ``old`` is kept)."""
         got = read.result
         if got is None or got.job is None:
             return old  # the master has not written this launch's job file yet (or the read failed)
+        if only_new and old is not None and got.key_file is None and not got.problem:
+            return old
         if got.problem:
             self.say(got.problem)
             return old
@@ -258,6 +319,7 @@ class NodeAgent(Prewarmed):
             self.disk.submit(lambda: curve.unfile_agent_key(stale))
             self.key_file, self.job = got.key_file, got.job.job
             self.asked.clear()  # (a new launch counts its attempts anew)
+            self.seen.new_master()
         if old is not None:
             old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
@@ -273,6 +335,8 @@ class NodeAgent(Prewarmed):
             msg = got.msg
             if isinstance(msg, (MasterBeat, NodeRefused)):
                 self.node_timeout = msg.node_timeout  # node 0's: the job has one
+            if isinstance(msg, MasterBeat):
+                self.seen.beat(self.clock())
             self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
@@ -288,9 +352,31 @@ class NodeAgent(Prewarmed):
                         m.kill_group()
                     else:
                         m.send_signal(msg.sig)
+            elif isinstance(msg, StacksAsked):
+                self._read_stacks(msg)
             elif isinstance(msg, NodeStop):
                 self.say(f"the job ended (exit code {msg.exit_code})")
                 self.stop_code = msg.exit_code
+
+    def _look(self, dealer: "zmq.Socket[Any]", now: float) -> None:
+        """A look at each live member from ``/proc``, at most every :data:`LOOK_EVERY` seconds, sent to node 0
+        (:class:`MemberLooked`): the stuck rule's samples of this host's members, as node 0's watchdog takes
+        of its own (before, none: a group over hosts was left to ``--hang-timeout``, its local members too)."""
+        for m in self.members.values():
+            if m.proc.poll() is not None or (m.look is not None and now - m.look.at < LOOK_EVERY):
+                continue
+            if (a := activity(m.pid, now, m.look)) is not None:
+                m.look = a
+                send(dealer, MemberLooked(m.slot, m.attempt, a.cpu, a.io, a.woke, a.state, a.syscall, a.kids_cpu,
+                                          a.kids_io))
+
+    def _read_stacks(self, msg: StacksAsked) -> None:
+        """Read the stacks of the members the master asked for (the watchdog's own capture, off this loop:
+        py-spy started here, waited for by a thread; the loop sends a :class:`StacksTaken` per member when done)."""
+        live = {m.slot: m for m in sorted(self.members.values(), key=lambda m: m.attempt) if m.proc.poll() is None}
+        host = self.host
+        self.stacks.start(msg.ask, [(slot, m.pid) for slot, m in live.items() if not msg.slots or slot in msg.slots],
+                          msg.native, msg.timeout, lambda got: [fitted(dataclasses.replace(s, host=host)) for s in got])
 
     def _refused(self, msg: NodeRefused) -> None:
         """The master refuses this agent's claim of its node rank: ask again (the holder may be a dead
@@ -361,7 +447,8 @@ class NodeAgent(Prewarmed):
                 self._forked(dealer)
             member = next((m for m in self.members.values() if m.pid == pid), None)
             if member is not None:
-                self.stepped = self.stepped or (isinstance(got.msg, Progress) and not got.msg.busy)
+                if isinstance(got.msg, Progress) and not got.msg.busy:
+                    self.pulse.beat(True)  # (/readyz: a member of this host completed a step)
                 frames = encode(got.msg)
                 send(dealer, Relayed(member.slot, len(frames)), frames)
 
@@ -384,7 +471,7 @@ class NodeAgent(Prewarmed):
         """Kill and reap what this host's members left behind: the watchdog's own sweep
         (:meth:`Sweeper.sweep`), over the agent's own children (its members and zygotes). A zygote given
         up on is reaped there once dead, as the watchdog's are (before, at the agent's end only)."""
-        self.sweeper.sweep({m.pid for m in self.members.values()}, self, final)
+        self.sweeper.sweep({m.pid for m in self.members.values()} | (set() if final else self.stacks.pids()), self, final)
 
     def _said(self, reports: list[Report]) -> None:
         for r in reports:  # (no lifecycle log of its own: node 0's holds the job's events)

@@ -14,7 +14,10 @@ memory, never on disk. When ``peer.json`` names a new service (node 0's checkpoi
 SIGKILLed and restarted by the watchdog: a new port, a new key), it connects to that one and hands
 back every copy it holds (:class:`~procsv.ipc.replica_messages.ReplicaHello`, then a
 :class:`~procsv.ipc.replica_messages.ReplicaCopy` each, with the checksum node 0 took): the
-restarted service holds them again, and the next group restart restores from memory. It checks
+restarted service holds them again, and the next group restart restores from memory. Node 0's whole
+launch relaunched (a new job) is the same to it: it keeps its copies and hands them back to the new
+launch's service (``handed``: which launch it handed back to; its agent joins the relaunched master
+only then, :mod:`.agent`), and the relaunched group's first restore asks for them. It checks
 nothing itself: the copies are checked against that checksum before use, on node 0 and then by
 each member. The agent SIGKILLed (host 1 lost) loses these copies: node 0's own are still there.
 The logdir or the socket failing (a key not filed: the disk full) is said in one line and retried
@@ -62,6 +65,7 @@ class Holder:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="procsv-holder", daemon=True)
         self._key_file: Optional[str] = None
+        self.handed: Optional[str] = None  # the launch (job) whose checkpoint service it last handed its copies back to
 
     def start(self) -> None:
         self._thread.start()
@@ -101,6 +105,7 @@ class Holder:
         send(sock, ReplicaHello(self.node, os.getpid(), len(held)))
         for copy in held:
             send(sock, copy.msg, copy.frames)
+        self.handed = peer.job  # (its agent holds back its hellos to a relaunched master until then: agent.py)
         if held:
             print(f"procsv node {self.node}: handing {len(held)} group copies back to node 0's checkpoint service "
                   f"at {peer.endpoint}", file=sys.stderr, flush=True)

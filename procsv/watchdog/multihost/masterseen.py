@@ -9,14 +9,51 @@ So an elastic job's agent, silent past ``--rejoin-timeout``, reads node 0's ``st
 logdir every ``node_timeout``: node 0's watchdog rewrites it (its ``updated_at``) while it runs; the agent
 gives up once a read has not found it changed for ``rejoin_timeout`` + 2 x ``node_timeout`` (a master that is
 gone: SIGKILLed, its host lost, or a logdir this host cannot read).
+
+Before giving up, an agent stops its members once its master is lost (rule 12 the other way:
+:func:`~procsv.watchdog.rules.hosts.master_lost`, within 0.5 s of a silent host or a launch gone). It keeps a
+:class:`~procsv.watchdog.rules.state.NodeView` of node 0 for that, observed here as node 0's watchdog observes an
+agent's (:func:`master_beat`, :func:`master_probe_sent`, :func:`master_probes_looked`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import dataclasses
+import time
+from typing import Any, Callable, Optional
 
 from procsv.common.layout import Layout, read_json
 from procsv.watchdog.diskjobs import DiskJobs, Job
+from procsv.watchdog.multihost.probes import Prober
+from procsv.watchdog.rules.hosts import GAPS_KEPT, master_lost, master_probe_due
+from procsv.watchdog.rules.state import NodeView
+
+
+def master_beat(master: NodeView, now: float) -> NodeView:
+    """After a :class:`~procsv.ipc.messages.MasterBeat` read at ``now``: the gap since the last one learnt (not one
+    across a loss: the detector learns a connected master's gaps only), its probes since forgotten, not lost."""
+    gaps = [*master.gaps[1 - GAPS_KEPT:], now - master.last_beat] \
+        if master.last_beat is not None and master.lost_at is None else master.gaps
+    return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None)
+
+
+def master_probe_sent(master: NodeView, sent: float) -> NodeView:
+    """After the agent probed node 0's address at ``sent`` (:func:`~procsv.watchdog.rules.hosts.master_probe_due`;
+    the prober's clock once the handshake's first packet was out)."""
+    return dataclasses.replace(master, probed_at=sent, unanswered=[*master.unanswered, sent])
+
+
+def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple[float, bool]]) -> NodeView:
+    """After the agent looked for the answers to its probes of node 0's address at ``looked_at`` (its clock before
+    it looked): ``answers``, ``(sent, handshake)``. A handshake covers every probe sent up to its own (node 0's
+    host was up then); a reset does not (node 0's port is its launch's own socket: a refusal means the launch is
+    gone). :func:`~procsv.watchdog.rules.hosts.kernel_silent` counts what was still out at this look, as node 0's
+    rule 12 does for an agent (never the agent's own lateness in deciding)."""
+    unanswered, ok = master.unanswered, master.probe_ok
+    for sent, handshake in answers:
+        if handshake:
+            unanswered, ok = [s for s in unanswered if s > sent], True
+    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at)
 
 
 def status_stamp(layout: Layout) -> Any:
@@ -31,8 +68,12 @@ def status_stamp(layout: Layout) -> Any:
 class MasterSeen:
     """Whether the master is gone for this agent (:meth:`gone`)."""
 
-    def __init__(self, layout: Layout, disk: DiskJobs, rejoin_timeout: float, elastic: bool) -> None:
+    def __init__(self, layout: Layout, disk: DiskJobs, rejoin_timeout: float, elastic: bool, address: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.layout, self.disk, self.rejoin_timeout = layout, disk, rejoin_timeout
+        self.address = address  # node 0's (--master-addr): probed as node 0 probes an agent's probe port
+        self.view = NodeView(0, probe=address)  # node 0 as this agent sees it (rules.hosts.master_lost)
+        self.prober = Prober(clock)
         self.elastic = elastic  # --min-nodes K < --nnodes M: node 0 takes this host back (rule 15)
         self._stamp: Any = None  # the status file's ``updated_at`` as last read
         self.changed_at = float("-inf")  # when a read found it changed (the first read counts)
@@ -53,3 +94,35 @@ class MasterSeen:
         if self._read is None and now - self._read_at >= node_timeout:
             self._read, self._read_at = self.disk.submit(lambda: status_stamp(self.layout)), now
         return now - max(heard_at, self.changed_at) > self.rejoin_timeout + 2 * node_timeout
+
+    # ------------------------------------------------------------------ rule 12 the other way (master_lost)
+    def beat(self, now: float) -> None:
+        """A :class:`~procsv.ipc.messages.MasterBeat` read now."""
+        self.view = master_beat(self.view, now)
+
+    def probe(self, now: float) -> None:
+        """Observe the answers to this agent's probes of node 0's address, then send one if due; before :meth:`lost`."""
+        looked_at, answers = self.prober.answers()
+        self.view = master_probes_looked(self.view, looked_at, [(sent, handshake) for _, sent, handshake in answers])
+        if master_probe_due(self.view, now):
+            self.view = master_probe_sent(self.view, self.prober.send(0, self.address))
+
+    def lost(self, now: float, node_timeout: float) -> Optional[str]:
+        """Why node 0 is found lost now (once: until a beat comes again), or None (:func:`master_lost`)."""
+        why = master_lost(self.view, now, node_timeout)
+        if why is not None:
+            self.view = dataclasses.replace(self.view, lost_at=now)
+            self.prober.forget(0)
+        return why
+
+    @property
+    def is_lost(self) -> bool:
+        return self.view.lost_at is not None
+
+    def new_master(self) -> None:
+        """A relaunched master (a new launch): its gaps learnt and its address proven anew."""
+        self.prober.forget(0)
+        self.view = NodeView(0, probe=self.address)
+
+    def close(self) -> None:
+        self.prober.close()

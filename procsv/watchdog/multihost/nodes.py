@@ -10,8 +10,9 @@ anything it says or its socket's name: a key holds the node rank it first claims
 (:func:`~procsv.watchdog.rules.hosts.claim_node` decides); another key's claim of that rank is
 refused (:class:`~procsv.ipc.node_messages.NodeRefused`) and logged once (``node_refused``). It beats
 every :data:`BEAT_SECS` (each beat carries node 0's ``--node-timeout``, which the agents use for it)
-so that an agent notices a master that is gone, and removes the keys folder
-when the launch ends.
+so that an agent notices a master that is gone, probes the hosts whose agents' beats are late
+(:meth:`NodeLink.probe`, :mod:`.probes`: rule 12 tells a slow agent from a silent host by them), and removes
+the keys folder when the launch ends.
 """
 
 from __future__ import annotations
@@ -22,18 +23,23 @@ import zmq
 
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
-from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberStarted, Message, NodeHello, NodeRefused,
-                                 NodeStop, Relayed, SignalMember, StartMembers)
+from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, Message, NodeHello, NodeRefused,
+                                 NodeStop, Relayed, SignalMember, StacksTaken, StartMembers)
 from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
 from procsv.common import curve
+from procsv.watchdog import observe
+from procsv.watchdog.multihost.probes import POLL_MS, Prober
 from procsv.watchdog.publish.events import Event, Report
-from procsv.watchdog.rules.hosts import Claim, claim_node
+from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, PROBE_WINDOW, Claim, claim_node, probes_due, suspect_after
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
 STOP_DRAIN_SECS = 0.5  # how long the master reads on after telling the agents the job is over
-BEAT_SECS = 0.5  # both ways: heartbeats; a peer silent for Limits.node_timeout (--node-timeout) is lost
-ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, Relayed})
+# node 0's heartbeats to its agents, as often as theirs (each agent finds a silent master as node 0 finds a silent
+# agent: rules.hosts.master_lost); before 0.5 s, when only --node-timeout applied
+BEAT_SECS = AGENT_BEAT_SECS
+BEAT_EARLY = 0.02  # a round this much before the beat is due beats (node 0's rounds come every ~0.1 s)
+ACCEPT = frozenset({NodeHello, MemberStarted, MemberEnded, MemberLooked, Relayed, StacksTaken})
 RELAYED = RELAYABLE  # what an agent may relay from its members (progress, restore, non-finite training)
 
 
@@ -58,6 +64,7 @@ class NodeLink:
         self.refusals: list[Report] = []  # refused claims not reported yet (the launcher takes them)
         self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
+        self.prober = Prober(clock)  # its probes of the hosts whose beats are late (rule 12)
 
     @property
     def job(self) -> str:
@@ -156,11 +163,33 @@ class NodeLink:
     def beat(self) -> None:
         """Tell every agent the job is alive, every :data:`BEAT_SECS`."""
         now = self.clock()
-        if now - self._beat_at < BEAT_SECS:
+        if now - self._beat_at < BEAT_SECS - BEAT_EARLY:
             return
         self._beat_at = now
         for node in self.routes:
             self.send(node, MasterBeat(self.job, self.limits.node_timeout))
+
+    def probe(self) -> None:
+        """Look at the probes out and observe what the look saw, then send those due (rule 12's :func:`probes_due`);
+        each round, before the decision, so that an answer that came is never counted missing (and a probe
+        unanswered counts only as long as it was out at the look, however late the decision comes)."""
+        looked_at, answers = self.prober.answers()
+        observe.probes_looked(self.view, looked_at, answers)
+        for node in [n for n in self.prober.out if self.view.nodes[n].lost_at is not None]:
+            self.prober.forget(node)
+        for node in probes_due(self.view, self.clock()):
+            observe.probe_sent(self.view, node, self.prober.send(node, self.view.nodes[node].probe))
+
+    def poll_ms(self, tick_ms: int) -> int:
+        """How long node 0's loop may wait for a message: ``POLL_MS`` while a probe sent within twice
+        ``PROBE_WINDOW`` is out (its answer, or its lack, is read soon), else ``tick_ms``, or less: until the
+        first host's beats are late enough to probe it (its probes start on time)."""
+        now = self.clock()
+        if any(now - sent < 2 * PROBE_WINDOW for flying in self.prober.out.values() for _, sent in flying):
+            return POLL_MS
+        due = [n.last_beat + suspect_after(n.gaps) - now for n in self.view.nodes.values()
+               if n.probe_ok and n.last_beat is not None and n.lost_at is None]
+        return max(POLL_MS, min([tick_ms, *(int(d * 1000) + 1 for d in due)]))
 
     def stop_all(self, exit_code: int) -> None:
         """The job is over: every agent stops its members and exits."""
@@ -176,6 +205,7 @@ class NodeLink:
     def close(self) -> None:
         """Close the socket and remove the launch's keys (not from a logdir that was moved away)."""
         self.sock.close(linger=500)  # the NodeStop messages still get out
+        self.prober.close()
         self.auth.stop()
         if self.view.logdir_lost is None:
             curve.remove_job(self.layout)

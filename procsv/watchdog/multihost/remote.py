@@ -6,7 +6,8 @@ turns the agents' answers into observations of the view: a member started (``spa
 ``node<R>``), or ended (``exited``, with the error file the member wrote in the shared logdir, read
 by the logdir reader thread: the end is observed when the read is done, or without it once
 :data:`~procsv.watchdog.endreads.READ_WAIT` has passed).
-The executor signals and kills remote members through the same link.
+The executor signals and kills remote members through the same link, and asks their agents for their
+stacks (:attr:`RemoteMembers.stacks`).
 
 A member of another host files a CURVE key for node 0's checkpoint service (its peer copies,
 :func:`procsv.common.curve.connect_member`) and removes it at an orderly exit, never when
@@ -31,6 +32,7 @@ from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.group import rank_of, worker_slot
 from procsv.watchdog.rules.membership import ranks_of
 from procsv.watchdog.multihost.nodes import NodeLink
+from procsv.watchdog.multihost.stackasks import StackAsks
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.rules.state import WORKER, RunView
 
@@ -41,6 +43,7 @@ class RemoteMembers:
     def __init__(self, link: NodeLink, view: RunView, layout: Layout, nproc: int,
                  report: Callable[[list[Report]], None], clock: Callable[[], float], reader: DiskJobs) -> None:
         self.link = link
+        self.stacks = StackAsks(link, clock)  # the asks of the agents for their members' stacks (issue 69)
         self.view = view
         self.layout = layout
         self.nproc = nproc

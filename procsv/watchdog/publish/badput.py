@@ -29,7 +29,7 @@ def attempt(c: ChildView, now: float) -> Attempt:
         last = now
     return Attempt(spawned=c.started, ready=c.ready_at, restore_secs=c.restore_secs, restored_step=c.restored_step,
                    first_step=c.first_step_at, first_step_no=c.first_step_no, last_at=last, last_step=c.work_step,
-                   ended=ended, hung=bool(c.hang_cause), busy_secs=c.busy_secs, busy_from=c.busy_since,
+                   ended=ended, hung=bool(c.hang.cause), busy_secs=c.busy_secs, busy_from=c.busy_since,
                    rolled_steps=c.rolled_steps, rollback_secs=c.rollback_secs)
 
 

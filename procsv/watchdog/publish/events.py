@@ -22,7 +22,9 @@ checkpoint_committed   step, path, reason, secs
 checkpoint_failed      step, error
 checkpoint_stalled     pid (of the checkpoint service replaced), reason
 summary_stalled        pid (of the summary service replaced), reason
-hang_detected          pid, attempt, step, reason
+hang_detected          pid, attempt, step, reason, where, culprit, stacks, stacks_secs (the stacks taken before the SIGTERM)
+                       where: its main thread's innermost frame; culprit: the group member they blame; stacks: their
+                       file; stacks_secs: from the judgement to this signal, the time they took
 chaos_kill             role, pid, signal
 preempted              signal (the launch received it: an orderly stop begins)
 death_noticed          role, attempt, pid, noticed (wall time of the death notice)
@@ -63,22 +65,32 @@ nonfinite_detected     pid, step (the first poisoned one), epoch, batch (its inp
                        first, then at most one a minute, and its last; peer: the pid of the member of its
                        trainer group that reported the same step first, a finding of the group counted once
                        (repeats 0), else null)
-rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs
+rolled_back            pid, step, epoch, batch, restored_step, source (``memory`` | ``disk``), path, skip, secs, group
                        (step: the poisoned one; epoch, batch: its input position, Keras, else null; skip
-                       true: the step is skipped; false: it is retried once; secs: the restore's)
+                       true: the step is skipped; false: it is retried once; secs: the restore's; group true:
+                       a trainer group's rollback in place, every member, said by its chief)
 step_skipped           pid, step (the global step it would have completed), epoch, batch, skipped (the run's so far)
 spike_detected         pid, step, onset, loss, threshold, median, action, epoch, batch
                        (a finite loss far above its recent distribution, procsv/trainer/nonfinite/spike.py: step,
                        the first above the threshold; onset, the first step of the rise to it; median, of the
                        losses before it; action: what --on-spike does, rollback | stop | warn)
-spike_replayed         pid, step, onset, reproduced, loss, replay_loss, host
+spike_replayed         pid, step, onset, reproduced, loss, replay_loss, host, differs_at
                        (--on-spike rollback replayed the spike from a snapshot before its onset: reproduced,
                        bit for bit, its steps are skipped; else a transient fault of the machine ``host``,
-                       nothing is skipped; loss: the first loss of step, replay_loss: the replay's, or null)
+                       nothing is skipped; loss: the first loss of step, replay_loss: the replay's, or null;
+                       differs_at: the first replayed step before the onset whose loss differs from the first
+                       run's, or null: the program's input does not come back with the restored step, no
+                       verdict, no fault of the host, the replayed state kept, training on)
 host_suspect           host, faults, limit, step
                        (the host's transient faults in this launch reached --suspect-after ``limit``: it is
                        reported as suspect, once; step: the spike of its last fault; nothing is excluded or stopped)
 group_copy_refused     rank, attempt, step, size, limit (node 0's checkpoint service refused a peer copy beyond its limit)
+audit                  verdict, start, end, host, differ, auditors, reason
+                       (--audit, issue 71: the verdict on the committed interval start-end: match | trainer (two
+                       replays agree, not with the trainer: the trainer on ``host`` computed wrongly, it restores
+                       step start) | auditor (the replays disagree: the auditors' ``host``) | nondeterministic (the
+                       audit switches off, ``reason``) | unaudited (no replay could be made, ``reason``); differ:
+                       the tensors that differ; auditors: the auditor attempts it rests on)
 =====================  ==========================================================================
 """
 
@@ -131,6 +143,7 @@ class Event(str, enum.Enum):
     SPIKE_REPLAYED = "spike_replayed"
     HOST_SUSPECT = "host_suspect"
     GROUP_COPY_REFUSED = "group_copy_refused"
+    AUDIT = "audit"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs", "source"})
@@ -147,7 +160,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.CHECKPOINT_FAILED: frozenset({"step", "error"}),
     Event.CHECKPOINT_STALLED: frozenset({"pid", "reason"}),
     Event.SUMMARY_STALLED: frozenset({"pid", "reason"}),
-    Event.HANG_DETECTED: frozenset({"pid", "attempt", "step", "reason"}),
+    Event.HANG_DETECTED: frozenset({"pid", "attempt", "step", "reason", "where", "culprit", "stacks", "stacks_secs"}),
     Event.CHAOS_KILL: frozenset({"role", "pid", "signal"}),
     Event.PREEMPTED: frozenset({"signal"}),
     Event.DEATH_NOTICED: frozenset({"role", "attempt", "pid", "noticed"}),
@@ -170,12 +183,14 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.MEMBERSHIP: frozenset({"attempt", "nodes", "hosts", "world", "left", "joined", "reason"}),
     Event.NONFINITE_DETECTED: frozenset({"pid", "step", "epoch", "batch", "what", "repeats", "peer"}),
     Event.ROLLED_BACK: frozenset({"pid", "step", "restored_step", "source", "path", "skip", "secs", "epoch",
-                                  "batch"}),
+                                  "batch", "group"}),
     Event.STEP_SKIPPED: frozenset({"pid", "step", "epoch", "batch", "skipped"}),
     Event.SPIKE_DETECTED: frozenset({"pid", "step", "onset", "loss", "threshold", "median", "action", "epoch",
                                      "batch"}),
-    Event.SPIKE_REPLAYED: frozenset({"pid", "step", "onset", "reproduced", "loss", "replay_loss", "host"}),
+    Event.SPIKE_REPLAYED: frozenset({"pid", "step", "onset", "reproduced", "loss", "replay_loss", "host",
+                                     "differs_at"}),
     Event.HOST_SUSPECT: frozenset({"host", "faults", "limit", "step"}),
+    Event.AUDIT: frozenset({"verdict", "start", "end", "host", "differ", "auditors", "reason"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 

@@ -155,7 +155,15 @@ def spike_families(snap: RunSnapshot) -> list[Metric]:
                                 labels=["host"])
     for host in snap.training.suspects:
         suspect.add_metric([host], 1.0)
-    return [spikes, faults, suspect]
+    wrong = CounterMetricFamily("procsv_audit_miscomputed", "Committed intervals two audit replays agree the "
+                                "trainer computed wrongly (--audit: silent data corruption), by the trainer's host.",
+                                labels=["host"])
+    for host, n in snap.training.miscomputed:
+        wrong.add_metric([host], n)
+    audited = GaugeMetricFamily("procsv_audited_fraction", "The fraction of the committed steps an audit replayed "
+                                "bit-equal (--audit; 0 when off).")
+    audited.add_metric([], snap.training.audited)
+    return [spikes, faults, suspect, wrong, audited]
 
 
 def summaries_dropped(stats_path: str) -> Optional[int]:

@@ -16,7 +16,7 @@ launch's breakdown's (:mod:`procsv.watchdog.publish.badput`), added by the calle
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from procsv.watchdog.rules.group import HOST_LOST
 from procsv.watchdog.rules.state import ChildView
@@ -26,32 +26,36 @@ def _d(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else max(0.0, b - a)
 
 
-def cause(prev: ChildView) -> str:
+def cause(prev: ChildView, audited: Mapping[int, str] = {}) -> str:
     """How ``prev`` ended, as the recovery report's cause column says it: a trainer group's attempt by
     the member that broke it (``worker1 was killed by SIGKILL``, ``worker1 host lost``: its
     :attr:`~procsv.watchdog.rules.state.ChildView.broken_by`, also when it was found after the
-    judgement), not by the chief's own end (its collective failure, or the group's stop)."""
+    judgement), not by the chief's own end (its collective failure, or the group's stop); one an audit rolled back
+    (``audited``: the audit's words by attempt, ``Findings.audit_rollbacks``) by the audit's verdict."""
+    if prev.attempt in audited and prev.regroup:
+        return audited[prev.attempt]
     if prev.regroup:
         return "regroup: a host taken back"
     who = prev.broken_by if prev.broken_by is not None else prev
     if who is prev:
         return prev.cause
     error = who.failure.error if who.failure is not None else None
-    how = "host lost" if error is not None and error.type == HOST_LOST and not who.hang_cause else who.cause
+    how = "host lost" if error is not None and error.type == HOST_LOST and not who.hang.cause else who.cause
     return f"{who.slot} {how}".strip()
 
 
-def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
+def recoveries(attempts: Sequence[ChildView], audited: Mapping[int, str] = {}) -> list[dict[str, Any]]:
     out = []
     for prev, cur in zip(attempts, attempts[1:]):
         start = prev.signalled_at if prev.signalled_at is not None else prev.ended_at
         out.append({
             "attempt": cur.attempt,
-            "cause": cause(prev),
+            "cause": cause(prev, audited),
             "rollback_step": prev.group_rollback,
             # the chief asked for that rollback past a loss spike's onset (not a non-finite loss)
             "spike": prev.group_rollback is not None and prev.last_report == ("spike", prev.group_rollback),
-            "regroup": prev.regroup,
+            "regroup": prev.regroup and prev.attempt not in audited,
+            "audit": prev.regroup and prev.attempt in audited,
             "detect_s": _d(prev.signalled_at, prev.ended_at),
             "respawn_s": _d(prev.ended_at, cur.started),
             "restore_s": _d(cur.started, cur.ready_at),
@@ -62,13 +66,15 @@ def recoveries(attempts: Sequence[ChildView]) -> list[dict[str, Any]]:
     return out
 
 
-def summarize(attempts: Sequence[ChildView]) -> dict[str, Any]:
+def summarize(attempts: Sequence[ChildView], audited: Mapping[int, str] = {}) -> dict[str, Any]:
     """The restarts, the group's rollbacks and their recoveries (what :func:`render` shows beside the
     goodput and wall time)."""
-    recs = recoveries(attempts)
+    recs = recoveries(attempts, audited)
     rolled = sum(1 for r in recs if r["rollback_step"] is not None)
     regroups = sum(1 for r in recs if r["regroup"])
-    return {"restarts": len(recs) - rolled - regroups, "group_rollbacks": rolled, "regroups": regroups, "recoveries": recs,
+    audits = sum(1 for r in recs if r["audit"])
+    return {"restarts": len(recs) - rolled - regroups - audits, "group_rollbacks": rolled, "regroups": regroups,
+            "audit_rollbacks": audits, "recoveries": recs,
             "steps_redone": sum(r["steps_redone"] or 0 for r in recs)}
 
 
@@ -80,6 +86,7 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"procsv report: {summary['restarts']} restart(s), "
              + (f"{rolled} rollback(s) of the trainer group, " if rolled else "")
              + (f"{summary['regroups']} regroup(s) taking a host back, " if summary.get("regroups") else "")
+             + (f"{summary['audit_rollbacks']} rollback(s) by an audit, " if summary.get("audit_rollbacks") else "")
              + f"{summary['steps_redone']} step(s) re-done, goodput {f(summary['goodput'])} over {summary['wall_s']:.1f} s"]
     if summary["recoveries"]:
         lines.append(f"  {'attempt':>7} {'detect_s':>9} {'respawn_s':>9} {'restore_s':>9} {'1st_step_s':>10} "

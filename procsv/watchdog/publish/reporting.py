@@ -57,6 +57,11 @@ class Reporter:
         self._publishing = cfg.metrics_port is not None
         self._rate = StepRate()
         self._next_publish = 0.0
+        self._stacks_endpoint = ""  # node 0's of a job over hosts: where procsv stacks asks for the other hosts' stacks
+
+    def serve_stacks(self, endpoint: str) -> None:
+        """The status names ``endpoint``: where ``procsv stacks`` asks for the other hosts' members' stacks."""
+        self._stacks_endpoint = endpoint
 
     def open_events(self) -> None:
         self.io.events = EventLog(self.layout.lifecycle, complain=lambda text: self.term.line(text, True))
@@ -102,9 +107,11 @@ class Reporter:
         if view.logdir_lost is not None or not self.io.status.due(force):
             return
         shared = shared or badput.Shared(view, self.clock())
-        self.io.write_status(status_record(view, self.cfg, self.layout, shared.now, self.wall(), self.started_wall,
-                                           zygote, self.rejections.record(), shared()),
-                             durable=force)
+        record = status_record(view, self.cfg, self.layout, shared.now, self.wall(), self.started_wall, zygote,
+                               self.rejections.record(), shared())
+        if self._stacks_endpoint:
+            record["stacks_endpoint"] = self._stacks_endpoint
+        self.io.write_status(record, durable=force)
 
     def publish(self, view: RunView, force: bool = False, shared: Optional[badput.Shared] = None) -> None:
         """Replace the snapshot the metrics endpoint serves, at most every ``PUBLISH_EVERY`` seconds."""
@@ -137,7 +144,9 @@ class Reporter:
         anything was restarted or chaos was on."""
         now = self.clock()
         spent = badput.of_launch(view, now)
-        summary = recovery.summarize(view.attempts)
+        summary = recovery.summarize(view.attempts, view.findings.audit_rollbacks)
+        summary["group_rollbacks"] += view.findings.group_in_place  # (in place: no recovery of a restart to count it by)
+        summary["group_in_place"] = view.findings.group_in_place
         points = self.series.points()
         if points and view.step > points[-1][1]:  # Progress is throttled: the last steps may be unsaid
             self.series.add(self.wall(), view.step)

@@ -40,6 +40,8 @@ class TrainingFaults:
     spikes: tuple[tuple[str, int], ...] = ()  # loss spikes: (--on-spike action, count), sorted by action
     transient: tuple[tuple[str, int], ...] = ()  # transient faults (spikes not again when replayed): (host, count)
     suspects: tuple[str, ...] = ()  # hosts reported suspect (--suspect-after), in the order they became so
+    miscomputed: tuple[tuple[str, int], ...] = ()  # --audit: intervals the trainer computed wrongly, (host, count)
+    audited: float = 0.0  # --audit: the fraction of the committed steps audited
 
 
 def training_faults(view: RunView) -> TrainingFaults:
@@ -47,7 +49,8 @@ def training_faults(view: RunView) -> TrainingFaults:
     found = view.findings
     return TrainingFaults(steps_skipped=len(view.skipped_steps), rollbacks=view.rollbacks,
                           spikes=tuple(sorted(found.by_action.items())), transient=tuple(sorted(found.transient.items())),
-                          suspects=tuple(found.suspects))
+                          suspects=tuple(found.suspects), miscomputed=tuple(sorted(found.miscomputed.items())),
+                          audited=float(found.audit.get("fraction", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def restart_cause(prev: ChildView) -> Optional[str]:
     chief that the group rule stopped because a member ended is counted by that member's end."""
     if prev.broken_by is not None and prev.broken_by is not prev:
         return restart_cause(prev.broken_by)  # (its own SIGTERM, Cause.GROUP, is not chaos)
-    if prev.hang_cause:
+    if prev.hang.cause:
         return "hang"
     if prev.chaos_sent:
         return "chaos"  # (a group's member that broke it, the chief too, may have been sent the group's
@@ -167,7 +170,7 @@ def take_snapshot(view: RunView, now: float, wall: float, started_at: float, rat
         attempt=attempt,
         restarts=restart_counts(view.attempts),
         service_restarts=services,
-        steps_redone=recovery.summarize(view.attempts)["steps_redone"],
+        steps_redone=recovery.summarize(view.attempts, view.findings.audit_rollbacks)["steps_redone"],
         goodput=badput.goodput(view, spent),
         last_checkpoint_step=commit_step,
         last_checkpoint_at=commit_at,

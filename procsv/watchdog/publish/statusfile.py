@@ -75,9 +75,12 @@ def status_record(view: RunView, cfg: LaunchConfig, layout: Layout, now: float, 
         "restored_step": view.restored_step,
         "skipped_steps": list(view.skipped_steps),  # non-finite steps skipped (issue 41): the global step each would have completed
         "rollbacks": view.rollbacks,  # restores of a finite state after a non-finite loss: in place, and a group's
-        "group_rollbacks": view.group_rollbacks(),  # ... of which a trainer group's (its restart, to skip the step)
+        "group_rollbacks": view.group_rollbacks() + view.findings.group_in_place,  # ... of which a trainer group's (in place,
+        # or its restart, to skip the step)
+        "group_in_place": view.findings.group_in_place,  # ... of which in place (no member restarted)
         "nonfinite_detected": view.findings.nonfinite,  # non-finite losses or snapshot states found (a group's step: once)
         "spikes": view.findings.spikes_json(),  # loss spikes (issue 68), transient faults by host, suspect hosts
+        "audit": view.findings.audit or None,  # --audit (issue 71): mode, steps audited and their fraction, verdicts
         "last_checkpoint": None,  # (read by the writer: DiskIO, or the final status of a moved logdir)
         "last_error": view.last_error,
         "goodput": badput.goodput(view, spent),

@@ -31,6 +31,7 @@ class Cause(str, enum.Enum):
     GROUP_NOW = "group_now"  # a member of the trainer group ended and the standby group is ready: no grace
     PS_LOST = "ps_lost"  # --ps: a parameter server died; every worker's session lost its variables (rule 14)
     REGROUP = "regroup"  # --min-nodes: a host is back; the group restarts with it from the checkpoint just committed
+    AUDIT = "audit"  # --audit: two replays say the trainer computed an interval wrongly: it restores the interval's start
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,18 @@ class Signal:
     sig: int
     cause: Cause
     reason: str = ""  # the hang's one-line reason
+    stuck_for: float = 0.0  # a stuck verdict's limit (rules.hang.stuck_limit; 0: any other verdict)
+
+
+@dataclass(frozen=True)
+class TakeStacks:
+    """Record the stacks of every trainer process of the run before ``slot``'s attempt is signalled as
+    hung (rule 4): its SIGTERM waits for them, within ``HangLimits.stacks_secs``."""
+
+    slot: str
+    attempt: int
+    reason: str  # the hang's one-line reason, as judged
+    stuck_for: float = 0.0  # a stuck verdict's limit (rules.hang.stuck_limit; 0: any other verdict)
 
 
 @dataclass(frozen=True)
@@ -133,10 +146,15 @@ class StopFailing:
 
 @dataclass(frozen=True)
 class NodeLost:
-    """A host's agent went silent (``--nnodes``): its members count as dead; the group waits for it."""
+    """A host's agent went silent (``--nnodes``): its members count as dead; the group waits for it.
+    ``unanswered``: how long its host's kernel answered no probe (found by rule 12's fast path), or None:
+    found by ``--node-timeout``, or by ``reset``: its host answered a probe with a reset (no agent listens on
+    its probe port: the agent is gone, its host up)."""
 
     node: int
     silent_secs: float
+    unanswered: Optional[float] = None
+    reset: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,5 +236,5 @@ class StartZygote:
     attempt: int
 
 
-Action = Union[Spawn, Signal, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, StopFailing, Finish,
+Action = Union[Spawn, Signal, TakeStacks, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, StopFailing, Finish,
                GiveUp, Settle, ArmChaos, SkipChaos, Promote, StandbyGone, NodeLost, StartZygote]

@@ -18,11 +18,13 @@ from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
-                                     StandbyGone, StartZygote, StopFailing)
+                                     StandbyGone, StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.rules.failures import ChildError, Failure
+from procsv.watchdog.rules.hang import inherit, judged_together
 from procsv.watchdog.rules.lifecycle import ProcState, RunState, transition
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.rules.state import SUMMARY, TRAINER, WORKER, ChildView, RunView, ZygoteState
+from procsv.watchdog.rules.membership import FLAP_WINDOW
+from procsv.watchdog.rules.state import SUMMARY, TRAINER, WORKER, ChildView, HangView, RunView, ZygoteState
 
 EXIT_CHECKPOINTS_FAILING = 3  # the launch's exit code when checkpoints kept failing (rule 8)
 EXIT_LOGDIR_LOST = 1  # the launch's exit code when the logdir was deleted or moved (rule 9)
@@ -55,6 +57,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         promoted.started = now  # the attempt starts now: its start-up limit and its recovery breakdown count from here
         promoted.set_state(ProcState.STARTING)
         promoted.commit_base = view.commit_step
+        inherit(promoted, view.children.get(promoted.slot))  # (before: a promotion forgot what the slot had learned)
         view.children[promoted.slot] = promoted
         if rank == 0:
             view.attempts.append(promoted)
@@ -64,6 +67,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
     if isinstance(action, NodeLost):
         node = view.nodes[action.node]
         node.lost_at = now
+        node.lost_times = [t for t in node.lost_times if now - t <= FLAP_WINDOW] + [now]
         for c in list(view.children.values()):
             if c.node == action.node and not c.reaped:  # its members: dead with their host, as far as the job knows
                 c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
@@ -100,14 +104,22 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         _settle(child, early=isinstance(action, Restart) and action.early)  # its end is judged
     if isinstance(action, (Restart, RestartTask, RespawnService)):
         child.set_state(ProcState.RESTARTING)
-    if isinstance(action, Signal):
+    if isinstance(action, TakeStacks):
+        child.hang = HangView(stacks_asked_at=now, reason=action.reason, samples=child.hang.samples,
+                              quiet_max=child.hang.quiet_max, judged_max=child.hang.judged_max,
+                              stuck_for=action.stuck_for)  # (a stall that passed leaves nothing)
+    elif isinstance(action, Signal):
         if action.cause == Cause.CHAOS:
             view.chaos_at = None
             child.signalled_at, child.chaos_sent = now, True
         elif action.cause == Cause.HANG:
-            child.hang_cause, child.hang_kill_at, child.signalled_at = f"hang: {action.reason}", \
+            child.hang.cause, child.hang.kill_at, child.signalled_at = f"hang: {action.reason}", \
                 now + limits.hang_grace_secs, now
             child.set_state(ProcState.STOPPING)
+            for m in judged_together(view, child) if action.stuck_for > 0 else []:
+                # judged stuck: the slot's next limit is twice this wait (a wait that ends, quiet, is killed
+                # two or three times, each time later, not at every attempt until the run gives up)
+                m.hang.judged_max = max(m.hang.judged_max, action.stuck_for)
         else:
             if action.cause == Cause.GROUP:
                 child.signalled_at = now  # SIGKILL after group_grace_secs (rule 11)
@@ -117,10 +129,10 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
                 child.set_state(ProcState.STOPPING)
     elif isinstance(action, Kill):
         child.killed = True
-        if action.cause == Cause.REGROUP:
+        if action.cause in (Cause.REGROUP, Cause.AUDIT):  # ended on purpose, not a failure: restarted at once
             child.regroup = True
         elif action.cause == Cause.HANG:
-            child.hang_kill_at = None
+            child.hang.kill_at = None
         elif action.cause == Cause.STOP_GRACE and child.role == TRAINER:
             view.stop_deadline = None  # (a --ps worker killed at half the grace leaves the chief's deadline)
         elif action.cause == Cause.STALL and child.role == SUMMARY:
@@ -139,11 +151,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
             stale = view.commit_step if view.rollback_before is None else max(view.commit_step, view.rollback_before[1])
             chief = view.children.get(TRAINER)  # (the one that saves: commits name its attempt)
             rolled = chief.attempt if chief is not None else child.attempt
-            if view.rollback_before is None:
-                view.rollback_before = (action.skip, stale, rolled)
-            else:  # the first bound still holds: what it keeps out is still newer than its B
-                before, _, was = view.rollback_before
-                view.rollback_before = (min(before, action.skip), stale, max(rolled, was))
+            view.rollback_before = next_rollback_bound(view.rollback_before, action.skip, stale, rolled)
             if action.skip not in view.skipped_steps:  # handed to the next group
                 view.skipped_steps = sorted([*view.skipped_steps, action.skip])
         if not action.preempted:
@@ -172,6 +180,23 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if action.failed:
             view.standby_failures += 1
             view.standby_after = now + standby.backoff(view.standby_failures)
+
+
+def next_rollback_bound(bound: Optional[tuple[int, int, int]], skip: int, stale: int,
+                        rolled: int) -> tuple[int, int, int]:
+    """The group rollback's bound (:attr:`RunView.rollback_before`) after a rollback of step ``skip`` by the
+    chief's attempt ``rolled``, ``stale`` the newest step committed by then: ``skip`` itself, unless an
+    earlier rollback's bound still holds (no later attempt committed past its stale steps) and keeps a
+    checkpoint out, one its rolled-back timeline committed at or after its B (it holds B's update, not
+    rewritten yet): then the lower of the two. A bound that keeps nothing out (that timeline committed
+    nothing at or after its B: a group of in-memory snapshots) is replaced: before, it held, and the
+    second rollback's group passed over its own snapshots after the first B and started from step 0."""
+    if bound is None:
+        return skip, stale, rolled
+    before, was_stale, was = bound
+    if was_stale < before:
+        return skip, stale, max(rolled, was)
+    return min(before, skip), stale, max(rolled, was)
 
 
 def request_stop(view: RunView, signum: int, now: float, grace: float) -> None:

@@ -26,7 +26,9 @@ Rules, in the order they are considered:
    reported exactly). A service that dies is restarted at once, unless it (each service counts alone)
    died more than ``service_restart_limit`` times within ``service_restart_window`` seconds: then
    the run stops in order and fails; a death procsv caused (a stall kill, chaos) is not counted. Anything ending after the run's outcome is decided is only settled.
-2. **Stop.** A stop request (SIGTERM/SIGINT) sends SIGTERM to a running trainer; past
+2. **Stop.** A stop request (SIGTERM/SIGINT) sends SIGTERM to a running trainer (a group's chief gets it
+   again every ``stop_resend_secs``: TensorFlow's ``MultiWorkerMirroredStrategy`` swallows one that arrives
+   before the Supervisor's handlers are in place); past
    ``stop_grace_secs`` it is SIGKILLed; once no trainer is left (and none is being forked by the
    zygote: it is stopped in turn once it exists) the run is ``stopped``.
 3. **Restart timer.** A pending trainer start happens when due -- but the first one waits up to
@@ -38,7 +40,8 @@ Rules, in the order they are considered:
    service starts) with the next delay of the plan, and signalled when due -- never while it is
    busy with a snapshot or its final checkpoint: then as soon as it is not.
 6. **Shutdown.** Once the outcome is decided, every live child gets SIGTERM, and SIGKILL after
-   ``min(stop_grace_secs, services_grace_secs)``. A process that leaves foreign stop signals to the
+   ``min(stop_grace_secs, services_grace_secs)`` (a group's worker whose chief ended: after
+   ``group_grace_secs``, as under rule 11). A process that leaves foreign stop signals to the
    watchdog (a service, a group's worker, a server task, the standby: ``state.LEAVES_STOPS``) gets its SIGTERM
    again every ``stop_resend_secs`` until then (also under rule 14's stop of the workers): one sent
    while a job-wide SIGTERM was still pending in it is merged into that one, which it leaves to the
@@ -64,8 +67,8 @@ Rules, in the order they are considered:
    once the trainer has completed a step; a due restart (rule 3) promotes it if it is ready for
    that attempt, else kills it and forks. A standby that ends is settled by rule 1
    (``StandbyGone``: counted, with backoff, unless the watchdog ended it). With ``--nproc N`` on
-   one host it is a standby group of N, promoted only whole; a member that ends takes the rest
-   of it along.
+   one host it is a standby group of N, promoted only whole, ready or still preparing (ahead of a
+   fork either way); a member that ends takes the rest of it along.
 11. **Groups** (:mod:`procsv.watchdog.rules.group`, ``--nproc N``): the first member of a trainer
    group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
    chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
@@ -90,9 +93,11 @@ Rules, in the order they are considered:
    (``--on-worker-give-up stop``) or not (``continue``, the default). A stop (rule 2) goes to the
    non-chief workers first and to the chief once none is live; rule 6 stops a parameter server
    only once no worker is live.
-15. **Elastic groups** (:mod:`procsv.watchdog.rules.membership`, ``--nnodes M --min-nodes K``): a host that
-   stays away past ``rejoin_timeout`` no longer stops the run while K hosts are left: the next group
-   (rule 3) starts on the hosts connected, ranks dense in their order. A host that comes back is taken
+15. **Elastic groups** (:mod:`procsv.watchdog.rules.membership`, ``--nnodes M --min-nodes K``): a host
+   found lost (or absent past ``rejoin_timeout`` at the start) no longer stops the run while K hosts are
+   left: the next group (rule 3) starts at once on the hosts connected, ranks dense in their order. A
+   host lost twice or more within 600 s is in a group again only once it stayed connected for the
+   restart backoff (``membership.hold_down``; without ``--min-nodes`` too). A host that comes back is taken
    back at the next checkpoint boundary: once it is ready and a checkpoint commits after that (not the trainer's
    final one: the group ends on its own), every member is SIGKILLed (cause ``regroup``) and rule 1 restarts the
    group at once, not counting it as a failure; its commit is progress (``--max-restarts`` counts failures in
@@ -100,6 +105,8 @@ Rules, in the order they are considered:
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import membership, standby, tasks
@@ -114,7 +121,7 @@ from procsv.watchdog.rules.judge import EXIT_STOP_UNSAVED, judge
 from procsv.watchdog.rules.lifecycle import ProcState, RunState
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.stall import stall_actions
-from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.state import PS, STANDBY, TRAINER, WORKER, ChildView, RunView, ZygoteState
 
 __all__ = ["Limits", "decide"]
 
@@ -168,7 +175,11 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
     live = [t for t in view.trainers() if t.live]
     for t in live:
         if not (workers_first and t.state in (ProcState.STARTING, ProcState.RUNNING)):
-            out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE)
+            # a group's chief gets it again every stop_resend_secs: MultiWorkerMirroredStrategy's preemption
+            # notifier (a C handler put in place under Python's) swallows one sent before the Supervisor's
+            # handlers replace it, and the group then trained on to the grace's SIGKILL (seen during a restart)
+            out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE,
+                              resend=limits.world > 1 and not limits.ps)
     # stopped before a trainer started, or while a restart was pending; a start asked and not answered (a
     # fork of the zygote, a member asked of another host: a lost StartMembers never is) is waited for only
     # until the stop's grace ends (its deadline, or None once the grace's SIGKILL went out)
@@ -204,7 +215,8 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
-    if standby.promotable(view, limits.nproc):  # (a standby group: all its members together, chief first)
+    if standby.promotable(view, limits.nproc, ready=limits.nproc < 2):  # (a standby group: all its members
+        # together, chief first; ready or still preparing: ahead of a fork either way)
         return [Promote(sb.slot, sb.attempt) for sb in standby.members(view)]
     # not ready yet (kills in a row, a member of a standby group lost): fork instead
     hosts = (nodes or tuple(range(limits.nnodes))) if limits.nnodes > 1 and not limits.ps else ()
@@ -233,5 +245,18 @@ def _shutdown(view: RunView, now: float, limits: Limits) -> list[Action]:
     out: list[Action] = []
     for c in view.live_children():
         if c.live and not (c.role == PS and tasks.ps_held(view)):  # (rule 14: a parameter server after its workers)
-            out += c.stopping(now, view.services_deadline, limits.stop_resend_secs, Cause.SHUTDOWN, Cause.SHUTDOWN)
+            out += c.stopping(now, _kill_after(c, view, limits), limits.stop_resend_secs, Cause.SHUTDOWN, Cause.SHUTDOWN)
     return out
+
+
+def _kill_after(c: ChildView, view: RunView, limits: Limits) -> Optional[float]:
+    """When rule 6 SIGKILLs ``c``: once the services' grace ended; a group's worker whose chief ended
+    ``group_grace_secs`` after its SIGTERM (rule 11's or rule 6's), as rule 11 does: it can only fail in its
+    next collective, or wait for its chief's restore (a promoted standby member still preparing when its chief stopped, seen
+    waiting for its pin up to the 30 s of the services' grace)."""
+    deadline, sent = view.services_deadline, c.signalled_at if c.signalled_at is not None else c.stop_sent_at
+    chief = view.children.get(TRAINER)
+    if c.role == WORKER and not view.tasks_alone and sent is not None and deadline is not None \
+            and (chief is None or not chief.live):  # (a live chief's last checkpoint is collective: never before its end)
+        return min(deadline, sent + limits.group_grace_secs)  # (before a resend: every stop_resend_secs)
+    return deadline

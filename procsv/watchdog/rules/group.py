@@ -41,16 +41,23 @@ policy judges; the other tasks hold ``worker<R>`` slots with the chief's attempt
   it in the same decision).
 - The next attempt starts all N together, only once every member of the last one is reaped
   and settled (:func:`draining`): its ports are free and no old process can join the new group.
+- Rule 4 in a group (:func:`hung_first`): members silent at once are judged one at a time; one
+  capture of every member's stacks is taken, for the first judged, and the member they blame (not
+  inside TensorFlow while its peers wait there: :func:`procsv.watchdog.stacks.capture.culprit`) is the one
+  signalled hung.
+
+One concern: the trainer group as the unit of an attempt (who broke it, who is hung, who is stopped with it).
 """
 
 from __future__ import annotations
 
 import math
 import signal
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard, Union
 
 from procsv.common.exitcodes import DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, GROUP_ROLLBACK_ERROR
-from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
+from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal, TakeStacks
+from procsv.watchdog.rules.hang import stacks_asked
 from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
@@ -125,7 +132,7 @@ def blame(view: RunView, chief: ChildView) -> ChildView:
         return chief.broken_by
     if chief.reaped and chief.exit_code == 0:  # (a member's own exit 4 or 5 with no step reported: after the end)
         return diverged_member(view, chief, reported=True) or chief
-    hung = [m for m in members(view, chief) if m.hang_cause]
+    hung = [m for m in members(view, chief) if m.hang.cause]
     if hung:  # a member found hung is the cause, whoever ended first (its peers failed waiting for it)
         return min(hung, key=lambda m: m.signalled_at if m.signalled_at is not None else math.inf)
     diverged = diverged_member(view, chief)
@@ -214,7 +221,7 @@ def late_breaker(view: RunView, chief: ChildView) -> Optional[ChildView]:
     judged = chief.broken_by
     if chief.role != TRAINER or judged is None or error_type(judged) not in PEER_ERRORS or cut_off(judged):
         return None
-    if any(m.hang_cause or diverging(m) for m in members(view, chief)):
+    if any(m.hang.cause or diverging(m) for m in members(view, chief)):
         return None  # blamed before a member cut off (a hung member's peers are stopped by the watchdog)
     found = first_cut_off(view, chief)
     return found if found is not None and found is not judged else None
@@ -363,14 +370,33 @@ def hung_first(view: RunView, actions: list[Action]) -> list[Action]:
     chief = view.children.get(TRAINER)
     if view.tasks_alone:
         return actions  # --ps: no collectives, each task is judged alone (rule 14)
-    ending = chief is not None and any(c.live and (c.ending_at is not None or bool(c.hang_cause))
+    ending = chief is not None and any(c.live and (c.ending_at is not None or bool(c.hang.cause))
                                        for c in [chief, *workers(view)])
     if chief is not None and workers(view) and (ending or breaker(view, chief) is not None):
-        return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG)]
+        return [a for a in actions if not _hung(a)]
     stopped = {c.slot for c in view.children.values() if c.stopped and c.live}
-    if not stopped:
-        return actions
-    return [a for a in actions if not (isinstance(a, Signal) and a.cause == Cause.HANG and a.slot not in stopped)]
+    if stopped:
+        actions = [a for a in actions if not (_hung(a) and a.slot not in stopped)]
+    # one capture at a time: it takes the stacks of every member, for the first member judged hung
+    taking = chief is not None and any(c.live and stacks_asked(c) and not c.hang.stacks_in and not c.hang.cause
+                                       for c in [chief, *workers(view)])
+    # (and none once a member is signalled: the group is stopped with it)
+    first = None if any(isinstance(a, Signal) and a.cause == Cause.HANG for a in actions) else \
+        next((a for a in actions if isinstance(a, TakeStacks)), None)
+    out: list[Action] = []
+    for a in actions:  # (a member the stacks blame may be signalled for its peer's judgement and its own: once)
+        if (isinstance(a, TakeStacks) and (a is not first or taking)) or \
+                (isinstance(a, Signal) and a.cause == Cause.HANG and any(
+                    isinstance(b, Signal) and b.cause == Cause.HANG and (b.slot, b.attempt) == (a.slot, a.attempt)
+                    for b in out)):
+            continue
+        out.append(a)
+    return out
+
+
+def _hung(action: Action) -> TypeGuard[Union[TakeStacks, Signal]]:
+    """A step of rule 4 for one member: its stacks taken, or its SIGTERM as hung."""
+    return isinstance(action, TakeStacks) or (isinstance(action, Signal) and action.cause == Cause.HANG)
 
 
 def peer_found(view: RunView, member: ChildView, step: int) -> Optional[ChildView]:

@@ -4,14 +4,27 @@ Runs in the watchdog of node 0 (the master, which decides for the whole job). Pu
 observed :class:`~procsv.watchdog.rules.state.RunView` (each host's :class:`NodeView`, fed by its
 agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog.rules.limits.Limits`.
 
-- A host whose agent has been silent for ``node_timeout`` seconds is lost (:class:`NodeLost`):
-  its members count as dead, which breaks the group (rule 11); the next group waits until
-  every host is connected again (:func:`~procsv.watchdog.rules.membership.next_nodes`). Also while the run finishes: the launch
-  waits for no member of a lost host.
+- A host is lost (:class:`NodeLost`) when it is silent: its agent's beats (every ``AGENT_BEAT_SECS``,
+  0.1 s) are late past :func:`suspect_after` (an adaptive bound over the gaps node 0 read between its
+  beats: their mean plus ``SUSPECT_SIGMAS`` deviations, phi-accrual's idea, kept within 0.2-0.3 s) AND
+  its host's kernel answers none of node 0's probes (a TCP handshake to the agent's probe port,
+  :func:`probes_due`, every ``PROBE_EVERY`` while the beats are late) for ``PROBE_WINDOW``, as node 0 saw at
+  its last look (:func:`kernel_silent`: node 0's own slowness is no evidence of a silent host): a host whose
+  network is cut, or whose power or kernel is gone, is found within 0.5 s of its silence. A slow agent
+  (stopped, starved of CPU, blocked) is not: its host's kernel still completes the handshake, so only
+  the bound applies to it, ``node_timeout`` (``--node-timeout``) seconds without a beat, whatever the
+  probes say. The fast path needs a probe port that answered once (``probe_ok``: one behind a firewall
+  never did, and an unanswered probe then means nothing). An answer of a reset to a probe sent since the last
+  beat (the host is up, its agent's port closed: the agent died or exited, :func:`agent_gone`) finds the host
+  lost as soon: no agent is there to be slow (before, it was left to the bound, 15 s by default, while the
+  group waited for the dead agent's members). Its members count as dead, which breaks the group (rule 11); the next group
+  waits until every host is connected again, or with ``--min-nodes`` starts at once on the hosts left
+  (:func:`~procsv.watchdog.rules.membership.next_nodes`). Also
+  while the run finishes: the launch waits for no member of a lost host.
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
   seconds, stops the run in order, which then fails (:class:`StopFailing`). With ``--min-nodes K``
   (elastic, :mod:`procsv.watchdog.rules.membership`) only once fewer than K hosts are left: until
-  then the group trains on without it, and takes it back when its agent comes back.
+  then the group trains on without it (from its loss on), and takes it back when its agent comes back.
 - Which agent may speak for a node rank (:func:`claim_node`): the first key that claims it in a
   launch holds it; another key's claim is refused while the holder is connected, and wins once
   the holder's host was found lost (its agent relaunched: a new agent makes a new key pair).
@@ -20,12 +33,26 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
 from __future__ import annotations
 
 import enum
-from typing import Mapping
+import math
+from typing import Mapping, Optional
 
 from procsv.watchdog.rules.actions import Action, NodeLost, StopFailing
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.membership import out_of_group
-from procsv.watchdog.rules.state import RunView
+from procsv.watchdog.rules.state import NodeView, RunView
+
+AGENT_BEAT_SECS = 0.1  # an agent beats (NodeHello) this often; node 0 beats its agents every 0.5 s
+GAPS_KEPT = 100  # the gaps between a host's beats that the detector looks at (the last 10 s or so)
+SUSPECT_FLOOR = 0.2  # beats late this long at least (two beats missed) before a host is probed
+SUSPECT_CAP = 0.3  # ... and at most (the 0.5 s bound: this, the window, a round of node 0's loop)
+SUSPECT_SIGMAS = 4.0  # late past the mean gap plus this many deviations (phi about 4.5; more at the floor)
+MIN_SIGMA = 0.02  # the deviation taken at least (a steady agent's gaps vary by a few ms: no hair trigger)
+PROBE_EVERY = 0.05  # a suspected host is probed this often
+PROBE_WINDOW = 0.1  # ... and lost once a probe went unanswered this long at a look of node 0's (PROBES_MIN at least)
+PROBE_RTT = 0.05  # a probe out this long at a look counts as unanswered (a LAN's round trip: under a millisecond)
+PROBES_MIN = 2
+PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
+PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
 
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
@@ -35,10 +62,16 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
     out: list[Action] = []
     for node in range(1, limits.nnodes):
         n = view.nodes.get(node)
-        if n is not None and n.last_beat is not None and n.lost_at is None and now - n.last_beat > limits.node_timeout:
-            # also while the run finishes: a host that dies during the orderly stop reports its
-            # members' ends no more, and the launch waits for them until their host is found lost
+        if n is None or n.last_beat is None or n.lost_at is not None:
+            continue
+        # also while the run finishes: a host that dies during the orderly stop reports its
+        # members' ends no more, and the launch waits for them until their host is found lost
+        if now - n.last_beat > limits.node_timeout:
             out.append(NodeLost(node, now - n.last_beat))
+        elif (unanswered := kernel_silent(n, now)) is not None:
+            out.append(NodeLost(node, now - n.last_beat, unanswered))
+        elif agent_gone(n, now):
+            out.append(NodeLost(node, now - n.last_beat, reset=True))
     if view.stop_signal is not None or view.finishing:
         return out
     gone = out_of_group(view, now, limits)
@@ -57,6 +90,76 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
     if limits.elastic:
         why += f": {limits.nnodes - len(gone)} of {limits.nnodes} hosts left, fewer than --min-nodes {limits.min_nodes}"
     return [StopFailing("nodes", why, why)]
+
+
+def suspect_after(gaps: list[float]) -> float:
+    """How late a host's beats may be before it is suspected (probed): the mean of the gaps node 0 read
+    between its beats plus ``SUSPECT_SIGMAS`` deviations (at least ``MIN_SIGMA``), within
+    ``SUSPECT_FLOOR``-``SUSPECT_CAP``. A host whose beats come late often (a loaded one) is probed later;
+    never past the cap, so that a silent host is still found within 0.5 s."""
+    if len(gaps) < 2:
+        return SUSPECT_FLOOR
+    mean, sigma = _moments(gaps)
+    return min(SUSPECT_CAP, max(SUSPECT_FLOOR, mean + SUSPECT_SIGMAS * sigma))
+
+
+def _moments(gaps: list[float]) -> tuple[float, float]:
+    """The mean of ``gaps`` and their deviation, at least ``MIN_SIGMA`` (plain floats: each round asks)."""
+    mean = sum(gaps) / len(gaps)
+    return mean, max(math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps)), MIN_SIGMA)
+
+
+def phi(silent: float, gaps: list[float]) -> float:
+    """Phi-accrual's suspicion of a host whose beats have been late ``silent`` seconds: -log10 of the
+    chance that a gap as long comes from the gaps seen (a normal law over them). For the docs and tests:
+    the rule suspects at :func:`suspect_after`, where phi is about 4.5 (more at its floor: a steady agent)."""
+    if len(gaps) < 2:
+        return 0.0
+    mean, sigma = _moments(gaps)
+    tail = 0.5 * math.erfc((silent - mean) / (sigma * math.sqrt(2)))
+    return -math.log10(max(tail, 1e-300))
+
+
+def suspected(n: NodeView, now: float) -> bool:
+    """Whether a connected host's beats are late past :func:`suspect_after`."""
+    return n.last_beat is not None and now - n.last_beat > suspect_after(n.gaps)
+
+
+def kernel_silent(n: NodeView, now: float) -> Optional[float]:
+    """How long a suspected host's kernel has answered none of node 0's probes, once that makes it lost;
+    None: not lost this way (not suspected, its probe port never proven, or too little evidence).
+
+    The evidence is what node 0 saw at its last look for the answers (``looked_at``), never its clock at the
+    decision: ``PROBES_MIN`` probes at least out since ``PROBE_RTT`` then, the oldest since ``PROBE_WINDOW``,
+    none answered (an answer to a later probe covers the earlier ones). A node 0 slow to look, or descheduled
+    between its look and its decision, finds the host later, never lost by its own lateness: the probes it
+    sent had all that time to be answered."""
+    if not n.probe_ok or n.looked_at is None or not suspected(n, now):
+        return None
+    out = [sent for sent in n.unanswered if n.looked_at - sent >= PROBE_RTT]
+    if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
+        return None
+    return n.looked_at - out[0]
+
+
+def agent_gone(n: NodeView, now: float) -> bool:
+    """Whether a suspected host answered a probe sent since its agent's last beat with a reset: its host is up
+    and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
+    not a firewall's reset), and its members died with it (their parent-death signal)."""
+    return n.probe_ok and n.reset_at is not None and suspected(n, now)
+
+
+def probes_due(view: RunView, now: float) -> list[int]:
+    """The hosts node 0 probes now (its link connects to their probe ports, :mod:`procsv.watchdog.multihost.probes`):
+    each suspected one every ``PROBE_EVERY``, and one whose probe port is not proven yet every ``PROVE_EVERY``."""
+    due = []
+    for node, n in sorted(view.nodes.items()):
+        if not n.probe or n.last_beat is None or n.lost_at is not None:
+            continue
+        every = PROBE_EVERY if suspected(n, now) else None if n.probe_ok else PROVE_EVERY
+        if every is not None and (n.probed_at is None or now - n.probed_at >= every - 1e-9):
+            due.append(node)
+    return due
 
 
 class Claim(str, enum.Enum):
@@ -88,3 +191,45 @@ def claim_node(view: RunView, limits: Limits, node: int, holders: Mapping[int, s
     return Claim.REFUSED, f"node {node} is held by another agent in this launch" + \
         (f" (at {n.host}, pid {n.pid})" if n.host else "") + \
         f"; a second `procsv launch --node-rank {node}`? It is refused while that agent is connected"
+
+
+# ---------------------------------------------------------------- the other way: an agent's view of its master
+# (issue 70, "the master is a host too"). Run by each node agent's loop (procsv.watchdog.multihost.masterseen
+# observes, procsv.watchdog.multihost.agent acts), with the same evidence and bounds as node 0's view of an agent:
+# node 0 beats every AGENT_BEAT_SECS too (multihost.nodes.BEAT_SECS), the agent keeps the gaps between the beats
+# it read in a NodeView of node 0 and probes node 0's own address (--master-addr: the master's listening socket,
+# whose handshakes node 0's kernel completes whether its loop turns or not). One difference: a reset is no answer
+# here (the agent observes it so): node 0's port is its launch's own socket, so a refusal means its launch is gone.
+
+def master_lost(master: NodeView, now: float, node_timeout: float) -> Optional[str]:
+    """Why a node agent's master is lost now (it stops its members: they are part of a stale group); None: not
+    lost. Its beats late past :func:`suspect_after` and none of the agent's probes answered for
+    ``PROBE_WINDOW`` (:func:`kernel_silent`: a host silent, or node 0's launch gone, found within 0.5 s); or no
+    beat for ``node_timeout``, whatever the probes say (a master whose loop is slow is left to that bound)."""
+    if master.last_beat is None or master.lost_at is not None:
+        return None
+    silent = now - master.last_beat
+    if silent > node_timeout:
+        return f"no heartbeat from node 0 for {silent:.1f} s (longer than its --node-timeout {node_timeout:g})"
+    unanswered = kernel_silent(master, now)
+    if unanswered is not None:
+        return (f"no heartbeat from node 0 for {silent:.2f} s and no handshake from node 0's address for "
+                f"{unanswered:.2f} s (its host silent, or its launch gone)")
+    return None
+
+
+def master_probe_due(master: NodeView, now: float) -> bool:
+    """Whether a node agent probes its master now: as :func:`probes_due` for a host, every ``PROBE_EVERY`` while
+    its beats are late past :func:`suspect_after`, every ``PROVE_EVERY`` until its address answered once; and
+    every ``PROVE_EVERY`` once its kernel answered in this silence (a master stopped whole, its ZeroMQ thread too,
+    accepts nothing: each probe waits in its listening socket's backlog, 100 by default, and a full backlog
+    answers no more; at ``PROBE_EVERY`` 15 s of a stopped master would fill it, at ``PROVE_EVERY`` never)."""
+    if not master.probe or master.last_beat is None or master.lost_at is not None:
+        return False
+    # (a handshake covers every probe sent up to it: masterseen.master_probes_looked; with none out, and one sent in
+    # this silence, node 0's kernel answered in it: the next probe PROVE_EVERY later, the others PROBE_EVERY after it)
+    answered = master.probe_ok and not master.unanswered and master.probed_at is not None \
+        and master.probed_at > master.last_beat
+    every = (PROVE_EVERY if answered else PROBE_EVERY) if suspected(master, now) \
+        else None if master.probe_ok else PROVE_EVERY
+    return every is not None and (master.probed_at is None or now - master.probed_at >= every - 1e-9)

@@ -15,7 +15,7 @@ import signal
 from dataclasses import replace
 
 from procsv.common.exitcodes import (DIVERGING_ERROR, EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED,
-                                    GROUP_ROLLBACK_ERROR)
+                                    GROUP_ROLLBACK_ERROR, SPIKE_DIVERGED)
 from procsv.watchdog.rules.actions import Action, Finish, GiveUp, GiveUpService, RespawnService, Restart, Settle
 from procsv.watchdog.rules.failures import killed_from_outside
 from procsv.watchdog.rules.lifecycle import RunState
@@ -24,7 +24,7 @@ from procsv.watchdog.rules.policy import Action as Verdict
 from procsv.watchdog.rules.policy import TrainerExit
 from procsv.watchdog.rules.policy import decide as restart_verdict
 from procsv.watchdog.rules import group, standby, tasks
-from procsv.watchdog.rules.state import PS, SERVER, STANDBY, TRAINER, WORKER, ChildView, RunView
+from procsv.watchdog.rules.state import AUDITOR, PS, SERVER, STANDBY, TRAINER, WORKER, ChildView, RunView
 
 # The launch's exit code for a stop (a signal) after which the trainer's last step is not saved: not
 # 128+N, which says "stopped in order, nothing lost" (a Kubernetes podFailurePolicy ignores it)
@@ -43,6 +43,8 @@ def judge(view: RunView, child: ChildView, now: float, limits: Limits, draw: flo
         return [Settle(child.slot, child.attempt)]
     if child.role == STANDBY:  # rule 10: not a trainer attempt yet; the run goes on
         return [standby.gone(view, child)]
+    if child.role == AUDITOR:  # its answer (or its silence) is the audit's (procsv.watchdog.audit); the run goes on
+        return [Settle(child.slot, child.attempt)]
     if child.role != TRAINER:
         return _service(view, child, now, limits)
     return _trainer(view, child, now, limits, draw)
@@ -93,7 +95,7 @@ def _trainer(view: RunView, child: ChildView, now: float, limits: Limits, draw: 
         return []  # a chief's 0: its workers' own ends first (a worker's own last step is checked at its end)
     who = group.blame(view, child)  # in a group, the member whose end broke it
     if not child.reaped and not who.reaped and child.first_step_at is None and not who.noticed_error \
-            and not who.hang_cause:
+            and not who.hang.cause:
         # a death notice before the first step, with no error file: whether the program failed on
         # its own (the start-up failure rule) or was killed from outside (not counted by that rule)
         # is known only from the exit status
@@ -101,20 +103,23 @@ def _trainer(view: RunView, child: ChildView, now: float, limits: Limits, draw: 
     if group.reporter_unreaped(view, child):
         return []  # whether it asks for the group's rollback (exit 5, its step skipped) only its exit status says
     code = who.exit_code if who.exit_code is not None else 1  # a death notice: some unclean death
-    if code == EXIT_PREEMPTED and who.hang_cause:
+    if code == EXIT_PREEMPTED and who.hang.cause:
         code = 1  # it saved when terminated for a hang, but a hang is a failure: backoff applies
-    preempted = who.failure is not None and who.failure.preempted and not who.hang_cause
-    outside = killed_from_outside(who.exit_code) and not who.hang_cause  # a hang kill: its own
+    preempted = who.failure is not None and who.failure.preempted and not who.hang.cause
+    outside = killed_from_outside(who.exit_code) and not who.hang.cause  # a hang kill: its own
     error = who.failure.error if who.failure is not None and who.failure.error is not None else who.noticed
     ex = TrainerExit(code, child.first_step_at is not None, child.made_progress, view.stop_signal is not None,
                      preempted=preempted, killed_from_outside=outside, rollback_step=group.rollback_step(view, child),
-                     skipped=tuple(view.skipped_steps), fingerprint=error.fingerprint if error is not None else None)
+                     skipped=tuple(view.skipped_steps), fingerprint=error.fingerprint if error is not None else None,
+                     spiked=error is not None and error.type == DIVERGING_ERROR and SPIKE_DIVERGED in error.message)
     verdict = restart_verdict(limits.restart, view.history, ex, draw)
     if not child.reaped:
         if verdict.action != Verdict.RESTART or hopeless(child, who.noticed_error, limits) \
                 or who.noticed_error in (DIVERGING_ERROR, GROUP_ROLLBACK_ERROR):
             return []  # stopping or giving up: wait for the exit status to tell the whole story
         return [Restart(child.slot, child.attempt, verdict.delay, verdict.history, early=True, skip=verdict.skip)]
+    if verdict.action == Verdict.FINISH and view.findings.audit.get("end_waits"):
+        return []  # --audit every: its last intervals' verdicts first (procsv.watchdog.audit bounds the wait)
     if verdict.action == Verdict.FINISH:
         return [Finish(child.slot, child.attempt, RunState.SUCCEEDED, 0, verdict.history)]
     if verdict.action == Verdict.STOPPED:

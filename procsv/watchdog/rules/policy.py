@@ -12,8 +12,9 @@ Rules:
   SIGTERM/SIGINT stopped it and its checkpoint committed (``TrainerExit.preempted``). A 42 the
   program returns itself is a failure like any other exit code.
 * exit code 4 (:data:`procsv.common.exitcodes.EXIT_DIVERGING`): the trainer stopped because its
-  training diverged (non-finite values it could not roll back past): give up, no restart (one would
-  resume from the newest finite checkpoint and meet the same numbers again); the launch exits 4.
+  training diverged (non-finite values it could not roll back past, or a loss spike it stopped on:
+  ``TrainerExit.spiked``, and the line says which): give up, no restart (one would resume from the newest
+  good checkpoint and meet the same numbers again); the launch exits 4.
 * exit code 5 (:data:`procsv.common.exitcodes.EXIT_GROUP_ROLLBACK`) with the step a member of the
   group reported non-finite (``TrainerExit.rollback_step``): the group's rollback under
   ``--on-nonfinite rollback`` (the member checked ``--max-skips``): restart at once, skipping that
@@ -99,6 +100,7 @@ class TrainerExit:
     skipped: tuple[int, ...] = ()  # the steps the run skipped so far
     # its exception's type, message, place and the steps of the attempt before it (None: no error file, or no steps said)
     fingerprint: Optional[tuple[str, str, str, int]] = None
+    spiked: bool = False  # exit 4 on a loss spike (--on-spike stop, or a rollback that could not be), not non-finite values
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,10 @@ def decide(policy: RestartPolicy, history: History, ex: TrainerExit, draw: float
         return Decision(Action.FINISH, 0.0, "trainer finished", history)
     if ex.code == EXIT_DIVERGING:
         return Decision(Action.GIVE_UP, 0.0,
-                        f"the trainer is diverging: it stopped with exit code {EXIT_DIVERGING} on non-finite values "
-                        "(a restart would resume from the newest finite checkpoint and meet them again)", history)
+                        f"the trainer is diverging: it stopped with exit code {EXIT_DIVERGING} on "
+                        + ("a loss spike (a restart would resume from the newest checkpoint before it and meet it again)"
+                           if ex.spiked else "non-finite values (a restart would resume from the newest finite "
+                           "checkpoint and meet them again)"), history)
     if ex.code == EXIT_GROUP_ROLLBACK and ex.rollback_step in ex.skipped:
         return Decision(Action.GIVE_UP, 0.0, f"the trainer group is diverging: it found the loss of step "
                         f"{ex.rollback_step} non-finite again after a rollback that was to skip it (its program does "

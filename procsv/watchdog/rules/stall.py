@@ -41,7 +41,7 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
         if now - service.loading_since < limits.loading_limit_secs:
             return None  # loading what its commits need (ServiceLoading): not judged by the window meanwhile
         return f"loading what its checkpoints need for {now - service.loading_since:.1f} s"
-    if t is None or not t.live or t.first_step_at is None or t.busy or t.hang_cause:
+    if t is None or not t.live or t.first_step_at is None or t.busy or t.hang.cause:
         return None  # (found hung: it steps no more and asks for no save, whatever the service does)
     since = t.first_step_at if view.last_commit_at is None else max(t.first_step_at, view.last_commit_at)
     if t.refused_at is not None:

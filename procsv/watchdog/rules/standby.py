@@ -17,7 +17,10 @@ checkpoint (the in-memory snapshot the checkpoint service just persisted) and tr
   :func:`backoff` seconds; after :data:`GIVE_UP_AFTER` such ends in a row there is none for the
   rest of the run (restarts fork from the zygote, as with ``--standby fork``).
 - **Promote** it when a trainer restart is due and it is ready for that attempt; a standby that is
-  not ready yet (several kills in a row) is killed and the restart forks from the zygote.
+  not ready yet (several kills in a row) is killed and the restart forks from the zygote. A standby
+  *group* is promoted whole for its attempt even before every member said ready (:func:`promotable`
+  with ``ready=False``): a member still preparing is further on than a fork (the same work, begun
+  earlier), and once woken at normal CPU priority it finishes that work and restores without waiting.
 - **Memory** (``--standby auto``, the default): a standby holds at most what the trainer held
   before its first step, so it is started only if the memory available is at least twice the
   trainer's resident size plus 1 GiB (:func:`memory_allows`), measured once at the first
@@ -27,10 +30,15 @@ checkpoint (the in-memory snapshot the checkpoint service just persisted) and tr
 (task 0) and ``standby<R>``, forked together with the *next* group attempt's ``TF_CONFIG`` (ports
 of their own), so they bring their strategy up among themselves, build the model, trace the step
 and wait. It is prepared once every member of the current group is live and the chief has
-completed a step; it is promotable only whole (:func:`promotable`: every member ready, for the
-next attempt). A member that ends before its promotion ends the rest of it (:func:`broken`: a
+completed a step; it is promotable only whole (:func:`promotable`: every member live, for the
+next attempt), ready or not (a group's restart, a rollback's above all, would otherwise kill a
+group half prepared at idle priority and fork one that starts from nothing). A member that ends before
+its promotion ends the rest of it (:func:`broken`: a
 group with a member gone can never take a collective step); another is prepared after the
-backoff, and a restart meanwhile forks. At a member's death with the standby group ready the
+backoff, and a restart meanwhile forks. A member promoted before it said ready whose run of the step on
+shadows (below) then does not complete still exits with ``EXIT_NO_SHADOW_RUN``: a start-up failure of that
+attempt like any other (its peers, stuck in the run's collective, are SIGKILLed after the group's grace),
+and the group after it is forked (no standby group is prepared before a step). At a member's death with the standby group ready the
 survivors are SIGKILLed at once (:func:`procsv.watchdog.rules.group.group_actions`: they can only
 fail in their next collective, and the group restores from the members' in-memory copies).
 Its members run the step once on shadows among themselves, all or none: a member whose run does not
@@ -94,12 +102,14 @@ def may_prepare(view: RunView, now: float) -> bool:
     return view.standby_failures < GIVE_UP_AFTER and now >= view.standby_after
 
 
-def promotable(view: RunView, size: int) -> bool:
-    """The standby (all ``size`` members of a standby group) is ready to become the next attempt."""
+def promotable(view: RunView, size: int, ready: bool = True) -> bool:
+    """The standby (all ``size`` members of a standby group) can become the next attempt: every member live,
+    not being killed, forked for that attempt, and (``ready``) every member said ready."""
     trainer = view.children.get(TRAINER)
     sbs = members(view)
     return (trainer is not None and len(sbs) == size and sorted(group.rank_of(c.slot) for c in sbs) == list(range(size))
-            and all(c.live and c.standby_ready_at is not None and c.attempt == trainer.attempt + 1 for c in sbs))
+            and all(c.live and not c.killed and (c.standby_ready_at is not None or not ready)
+                    and c.attempt == trainer.attempt + 1 for c in sbs))
 
 
 def broken(view: RunView) -> list[Action]:

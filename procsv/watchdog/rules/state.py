@@ -19,6 +19,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from procsv.ipc.message_base import Busy
 from procsv.watchdog.rules.actions import Action, Cause, Kill, Signal
 from procsv.watchdog.rules.failures import ChildError, Failure, describe
 from procsv.watchdog.rules.findings import Findings
@@ -31,14 +32,17 @@ WORKER = "worker"  # the role of a group's task 1, 2, ... (slots ``worker1``, ..
 PS = "ps"  # a parameter-server task of procsv launch --ps N (slots ``ps0``, ...; procsv.watchdog.rules.tasks)
 SERVER = "server"  # a worker task of --ps N --workers M --coordinator: a plain server (slots ``worker0``, ...)
 STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
+AUDITOR = "auditor"  # the slot (and role) of a trainer process replaying a committed interval (issue 71)
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
 # the roles that leave a stop signal from anyone but the watchdog to the watchdog (procsv.common.stopfrom):
 # a job-wide SIGTERM (scancel, systemd, kill -TERM -<pgid>) still pending in one swallows the watchdog's
 # own, sent at nearly the same moment (a standard signal is not queued twice, and the one read names the
-# job's sender), so theirs is sent again every ``stop_resend_secs`` while they live (rules 2 and 6). Not a
-# trainer's: its handlers are put back at its end, where a second SIGTERM would kill it mid-exit.
+# job's sender), so theirs is sent again every ``stop_resend_secs`` while they live (rules 2 and 6). A lone
+# trainer's is sent once; a group's chief's again too (rule 2: ``resend``): TensorFlow's
+# MultiWorkerMirroredStrategy puts its own SIGTERM handler in place under Python's (its coordination
+# service's preemption notifier), and a SIGTERM before the Supervisor's handlers replace it is swallowed.
 LEAVES_STOPS = (WORKER, PS, SERVER, SUMMARY, CHECKPOINT, STANDBY)
 
 
@@ -49,6 +53,44 @@ class ZygoteState(str, enum.Enum):
     WARMING = "warming"
     READY = "ready"
     LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One look at a trainer process from outside (``/proc``): its CPU seconds (every thread), the
+    bytes it read and wrote (files, pipes, sockets), how often its main thread was switched in and
+    out (it ran), its main thread's state letter (``R``, ``S``, ``D``: in uninterruptible I/O, ``T``/``t``:
+    stopped or traced) and the system call it is in; and its live descendants' CPU seconds and bytes in
+    all (a data loader's worker processes, a subprocess it waits for), read only when its own counters
+    barely moved since the look before (``rules.hang.IDLE_CPU``, ``IDLE_IO``; -1: not read)."""
+
+    at: float
+    cpu: float
+    io: int
+    woke: int
+    state: str
+    syscall: str = ""
+    kids_cpu: float = -1.0
+    kids_io: int = -1
+
+
+@dataclass
+class HangView:
+    """A trainer attempt's hang: the looks at its process (whether it is stuck), and once judged, its
+    stacks asked for and back, then its SIGTERM and SIGKILL."""
+
+    cause: str = ""  # "hang: <reason>", once signalled for it
+    kill_at: Optional[float] = None  # its SIGKILL is due (the SIGTERM's grace)
+    stacks_asked_at: Optional[float] = None  # the stacks of the run's trainers were asked for (TakeStacks) ...
+    reason: str = ""  # ... when it was judged hung for this (its signal says the same, however long they take)
+    stacks_in: bool = False  # ... and are back (taken, or failed: the artifact says which)
+    where: str = ""  # the innermost frame of its main thread, as taken (stacks.innermost)
+    culprit: str = ""  # the group's member the stacks blame (stacks.culprit; "" for a single trainer, or none)
+    stacks: str = ""  # the file they were written to
+    samples: list[Activity] = field(default_factory=list)  # the looks at its process from outside, newest last (stuck_reason)
+    quiet_max: float = 0.0  # its slot's longest quiet wait that ended in a step (this launch; rules.hang.quiet_span)
+    judged_max: float = 0.0  # the longest stuck limit its slot was judged at (this launch): the next is twice it (capped)
+    stuck_for: float = 0.0  # the stuck limit it was judged at, at this stall, its stacks asked for (0: another verdict)
 
 
 @dataclass
@@ -105,8 +147,7 @@ class ChildView:
     signalled_at: Optional[float] = None  # a signal meant to end it was sent (hang, chaos)
     chaos_sent: bool = False  # ... and it was chaos's (a group's member may be signalled by the group's stop too)
     stop_sent_at: Optional[float] = None  # the watchdog's stopping SIGTERM (rule 2 or 6) was last sent to it
-    hang_cause: str = ""
-    hang_kill_at: Optional[float] = None
+    hang: HangView = field(default_factory=HangView)  # its hang: the stacks taken, the signal, the kill
     killed: bool = False  # SIGKILL was sent to its process group
     # its end
     noticed_dead_at: Optional[float] = None  # its death notice (robust mutex "owner died")
@@ -123,10 +164,12 @@ class ChildView:
     broken_by: Optional["ChildView"] = None  # a group's chief: the member whose end broke its attempt, once judged
 
     def note_busy(self, busy: str, now: float) -> None:
-        """A Progress said ``busy`` (or "" for a completed step): add up the time it was busy."""
-        if busy and self.busy_since is None:
+        """A Progress said ``busy`` (or "" for a completed step): add up the time it was busy (the
+        program's own marked wait, ``Supervisor.waiting``, is its time, not procsv's: not counted)."""
+        blocked = busy if busy != Busy.WAITING else ""
+        if blocked and self.busy_since is None:
             self.busy_since = now
-        elif not busy and self.busy_since is not None:
+        elif not blocked and self.busy_since is not None:
             self.busy_secs += now - self.busy_since
             self.busy_since = None
         self.busy = busy
@@ -157,19 +200,19 @@ class ChildView:
         """One line on how this attempt ended (its hang, if that was why), for ``last_error``."""
         if self.failure is None:  # not reaped (yet)
             name = self.slot if self.role == WORKER else self.role
-            if self.hang_cause:
-                return f"{name} attempt {self.attempt} (pid {self.pid}) was found hung ({self.hang_cause})"
+            if self.hang.cause:
+                return f"{name} attempt {self.attempt} (pid {self.pid}) was found hung ({self.hang.cause})"
             died = f"{name} attempt {self.attempt} (pid {self.pid}) died"
             return f"{died}: {self.noticed_error} (its error file)" if self.noticed_error else died
         head = self.failure.headline(before_first_step=self.role == TRAINER and self.first_step_at is None)
-        return f"{head} ({self.hang_cause})" if self.hang_cause else head
+        return f"{head} ({self.hang.cause})" if self.hang.cause else head
 
     def root_cause(self) -> str:
         """The headline, the child's own traceback and where its log is."""
         if self.failure is None:
             return self.headline()
         return self.failure.root_cause(before_first_step=self.role == TRAINER and self.first_step_at is None,
-                                       note=self.hang_cause)
+                                       note=self.hang.cause)
 
     @property
     def noticed_error(self) -> str:
@@ -197,15 +240,16 @@ class ChildView:
         return not self.reaped and not self.settled_early
 
     def stopping(self, now: float, kill_after: Optional[float], resend_secs: float, cause: Cause,
-                 kill_cause: Cause) -> list[Action]:
+                 kill_cause: Cause, resend: bool = False) -> list[Action]:
         """Its stop (rules 2, 6 and 14; pure): SIGTERM while it starts or runs, SIGKILL once ``kill_after``
         passed, else its SIGTERM again ``resend_secs`` after the last if it leaves foreign stops to the
-        watchdog (:data:`LEAVES_STOPS`): the first may have merged into a job-wide one."""
+        watchdog (:data:`LEAVES_STOPS`): the first may have merged into a job-wide one; or if ``resend``
+        (a group's chief: the first may have been swallowed by TensorFlow's own SIGTERM handler)."""
         if self.state in (ProcState.STARTING, ProcState.RUNNING, ProcState.STANDBY):
             return [Signal(self.slot, self.attempt, signal.SIGTERM, cause)]
         if kill_after is not None and now >= kill_after and not self.killed:
             return [Kill(self.slot, self.attempt, kill_cause)]
-        if (self.role in LEAVES_STOPS and self.state == ProcState.STOPPING and self.live and not self.killed
+        if ((resend or self.role in LEAVES_STOPS) and self.state == ProcState.STOPPING and self.live and not self.killed
                 and self.stop_sent_at is not None and now >= self.stop_sent_at + resend_secs):
             return [Signal(self.slot, self.attempt, signal.SIGTERM, cause)]
         return []
@@ -213,7 +257,7 @@ class ChildView:
     @property
     def cause(self) -> str:
         """Why this attempt ended, as the recovery report names it ("" while it runs)."""
-        return self.hang_cause or (describe(self.failure.code) if self.failure else "")
+        return self.hang.cause or (describe(self.failure.code) if self.failure else "")
 
 
 @dataclass
@@ -228,7 +272,18 @@ class NodeView:
     last_beat: Optional[float] = None  # its last NodeHello (None: never joined)
     lost_at: Optional[float] = None  # when it was found lost (None: connected, or never joined)
     joined_at: Optional[float] = None  # when it last joined or came back (rule 15 takes it back after a commit)
+    lost_times: list[float] = field(default_factory=list)  # when it was found lost, the last FLAP_WINDOW's (rule 15's hold-down)
     ready_at: Optional[float] = None  # since then, when it first said a member would start at once (NodeHello.ready)
+    # what rule 12 tells a slow agent from a silent host by (procsv.watchdog.rules.hosts):
+    gaps: list[float] = field(default_factory=list)  # the last GAPS_KEPT gaps between its beats, as node 0 read them
+    probe: str = ""  # HOST:PORT of its agent's probe port ("": none)
+    probe_ok: bool = False  # its probe port answered once: a probe unanswered means something
+    probed_at: Optional[float] = None  # node 0's last probe of it (their pace)
+    # when node 0 sent each probe of it since its last beat that no answer covers yet (an answer to the probe
+    # sent at s covers every probe sent up to s: the host was up after s)
+    unanswered: list[float] = field(default_factory=list)
+    looked_at: Optional[float] = None  # when node 0 last looked for the answers (its clock before it looked)
+    reset_at: Optional[float] = None  # the send of a probe sent since its last beat that its host answered with a reset
 
 
 @dataclass
@@ -313,7 +368,7 @@ class RunView:
         return [c for c in self.children.values() if c.role == TRAINER]
 
     def services(self) -> list[ChildView]:
-        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, WORKER, PS, SERVER)]
+        return [c for c in self.children.values() if c.role not in (TRAINER, STANDBY, AUDITOR, WORKER, PS, SERVER)]
 
     def known(self) -> list[ChildView]:
         """Every trainer attempt (oldest first), then the services' and the standby's current attempts."""
@@ -324,8 +379,9 @@ class RunView:
         return [c for c in self.known() if not c.settled and (c.reaped or c.noticed_dead_at is not None)]
 
     def group_rollbacks(self, before: Optional[int] = None) -> int:
-        """The trainer group's rollbacks (an attempt that ended in one: a restart of the group that is a
-        rollback, not counted as a restart), of every attempt or of those before attempt ``before``."""
+        """The trainer group's rollbacks by its restart (an attempt that ended in one: a restart of the group that
+        is a rollback, not counted as a restart), of every attempt or of those before attempt ``before``; its
+        rollbacks in place are ``findings.group_in_place``."""
         return sum(1 for a in self.attempts if a.group_rollback is not None and (before is None or a.attempt < before))
 
     def not_restarts(self, before: Optional[int] = None) -> int:

@@ -98,7 +98,7 @@ def judge_task(view: RunView, child: ChildView, now: float, limits: Limits, draw
     if child.role == WORKER and child.exit_code == 0:
         return [Settle(child.slot, child.attempt)]  # it finished; the chief decides the run
     history = view.task_history.get(child.slot, History())
-    if child.role == WORKER and child.killed and not child.hang_cause and view.stop_signal is None:
+    if child.role == WORKER and child.killed and not child.hang.cause and view.stop_signal is None:
         return [RestartTask(child.slot, child.attempt, 0.0, history)]  # procsv killed it (ps_lost): not counted
     server = child.role in (PS, SERVER)  # serves until the run's end: exiting before it is a loss
     code = 1 if child.exit_code is None or (server and child.exit_code == 0) else child.exit_code

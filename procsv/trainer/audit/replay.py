@@ -1,0 +1,152 @@
+"""An auditor's replay of one committed interval (issue 71).
+
+Runs in an auditor: a trainer process of its own role, forked from the zygote, ``SCHED_IDLE`` from its first
+line, told its interval S1-S2 in its configuration (``ChildConfig.audit``, read in bootstrap). It runs the
+user's module; its Supervisor, instead of restoring the newest checkpoint, restores exactly checkpoint S1
+(verified against its manifest) and reads checkpoint S2's tensors back from disk, both under the restore lock
+(retention keeps both for the audit: the watchdog's :class:`~procsv.ipc.messages.AuditHold`); then the program trains with no side effect (no session with the
+services: no snapshot, no checkpoint, no summary, no progress; its steps are not the run's) until the step
+boundary at S2, where its state is compared with S2 tensor by tensor (a digest per tensor), one
+:class:`~procsv.ipc.messages.AuditResult` goes to the watchdog and the process exits 0. A program that ends
+before S2, or a checkpoint retired before the auditor read it, is an answer with an ``error``, not a verdict.
+
+Eager programs only in this slice (a ``tf.train.Checkpoint``); a TF1 graph program's auditor answers with an
+error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+import tempfile
+from typing import Any, NoReturn, Optional
+
+import zmq
+
+from procsv.common.bootstrap import ChildContext
+from procsv.common.errors import ProcsvError
+from procsv.common.layout import Layout
+from procsv.common.manifests import Manifest, list_committed, restoring
+from procsv.ipc.messages import AuditResult
+from procsv.ipc.transport import make_socket, send
+from procsv.trainer.checkpoint.restore_at_start import verify_and_restore
+from procsv.trainer.managed import ManagedSession
+from procsv.trainer.standby.wait import leave
+
+NEVER = float("inf")
+UNSUPPORTED = "not audited in this slice"  # an answer's error that switches the audit off (the verdict reads it)
+SKIPPED_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/")  # bookkeeping of a save, not training state
+
+
+def digest(value: Any) -> str:
+    """A tensor's digest: its dtype, shape and bytes (16 hex digits of BLAKE2b)."""
+    import numpy as np
+
+    arr = np.asarray(value)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{arr.dtype.str}{arr.shape}".encode())
+    h.update(np.ascontiguousarray(arr).tobytes() if arr.dtype != object else repr(arr.tolist()).encode())
+    return h.hexdigest()
+
+
+def read_digests(path: str) -> dict[str, str]:
+    """Every tensor of the checkpoint ``path`` (but :data:`SKIPPED_KEYS`), digested by key."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(path)
+    return {k: digest(reader.get_tensor(k)) for k in sorted(reader.get_variable_to_shape_map())
+            if not k.startswith(SKIPPED_KEYS)}
+
+
+def differing(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
+    """The keys whose digests differ, or that one side lacks, sorted (pure)."""
+    return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+
+def whole(digests: dict[str, str]) -> str:
+    """One digest of a whole state (pure)."""
+    return hashlib.blake2b("".join(f"{k}={v};" for k, v in sorted(digests.items())).encode(),
+                           digest_size=8).hexdigest()
+
+
+def _manifest(layout: Layout, step: int) -> Optional[Manifest]:
+    return next((m for m in list_committed(layout) if m.step == step), None)
+
+
+class AuditReplay:
+    """One auditor's replay of ``interval`` (S1, S2) of the run in ``ctx``: :meth:`begin` restores S1 and reads
+    S2; the step boundary at S2 (:meth:`boundary`) or the session's end (:meth:`end`) compares and answers."""
+
+    def __init__(self, ctx: ChildContext, interval: tuple[int, int], checkpoint: Any, global_step: Any) -> None:
+        self.ctx, self.start, self.end_step = ctx, interval[0], interval[1]
+        self.checkpoint, self.global_step = checkpoint, global_step
+        self.theirs: dict[str, str] = {}
+        self.counter: Any = None
+
+    def begin(self, graph_mode: bool) -> None:
+        """Restore exactly checkpoint S1 and digest checkpoint S2, under the restore lock; a failure answers
+        with its error and ends the process."""
+        if graph_mode or self.checkpoint is None:
+            self._answer([], "", f"a TF1 graph program or no state to save: {UNSUPPORTED}")
+        layout = self.ctx.layout
+        with restoring(layout):  # (retention deletes nothing meanwhile; the watchdog's links hold them after)
+            first, last = _manifest(layout, self.start), _manifest(layout, self.end_step)
+            try:
+                if first is None or last is None:  # (retention keeps both: the watchdog's AuditHold)
+                    gone = self.start if first is None else self.end_step
+                    self._answer([], "", f"checkpoint {gone} was retired before the auditor read it")
+                verify_and_restore(self.checkpoint, self.global_step, layout, first)
+                self.theirs = read_digests(last.path(layout.logdir))
+            except (ProcsvError, OSError) as exc:
+                self._answer([], "", f"{type(exc).__name__}: {exc}")
+        print(f"procsv: auditor restored step {self.start}; replaying to step {self.end_step}", flush=True)
+
+    def claim(self, state: Any) -> None:
+        """Own the session's step boundary: nothing before step S2 (no snapshot, no summary, no progress)."""
+        self.counter = state.counter  # (the step variable holds the step only once synced)
+        state.claim(self.boundary, lambda: None, lambda: None)
+        state.losses = None
+        state.set_end(NEVER, NEVER)
+        state.set_checkpoint(self.end_step, NEVER)
+
+    def boundary(self, step: int) -> None:
+        """The boundary before the step after ``step``: at S2 (or past it), compare and end."""
+        if step >= self.end_step:
+            self.end(step)
+
+    def end(self, step: int) -> None:
+        """Compare this process's state at ``step`` with checkpoint S2, answer, and exit 0."""
+        if step != self.end_step:
+            self._answer([], "", f"the program ended at step {step}, before step {self.end_step}")
+        if self.counter is not None:
+            self.counter.sync()
+        with tempfile.TemporaryDirectory(dir=self.ctx.endpoints.runtime_dir, prefix="audit.") as tmp:
+            self.checkpoint.write(os.path.join(tmp, "state"))  # this process's own state, as TF writes it
+            mine = read_digests(os.path.join(tmp, "state"))
+        self._answer(differing(mine, self.theirs), whole(mine), "")
+
+    def _answer(self, differ: list[str], state: str, error: str) -> NoReturn:
+        msg = AuditResult(os.getpid(), self.ctx.attempt, self.start, self.end_step, differ, state,
+                          socket.gethostname(), error)
+        said = "bit-equal to the trainer's checkpoint" if not (differ or error) else \
+            f"no replay: {error}" if error else f"{len(differ)} tensor(s) differ from the trainer's: {', '.join(differ[:5])}"
+        print(f"procsv: auditor, steps {self.start}-{self.end_step}: {said}", flush=True)
+        zctx = zmq.Context()
+        sock = make_socket(zctx, zmq.PUSH, linger_ms=5000)
+        sock.connect(self.ctx.endpoints.watchdog)
+        send(sock, msg, block=True)
+        sock.close()  # (lingers until the watchdog has it, at most 5 s)
+        zctx.term()
+        sys.stdout.flush()
+        leave()  # nothing of the program's after this: no final checkpoint, no summaries, no teardown
+
+
+class AuditSession(ManagedSession):
+    """An auditor's session: a :class:`~procsv.trainer.managed.ManagedSession` whose end answers (the program's
+    last interval ends with the program: no step boundary after S2)."""
+
+    def __init__(self, state: Any, should_stop: Any, replay: AuditReplay) -> None:
+        super().__init__(state, should_stop)
+        self.replay = replay

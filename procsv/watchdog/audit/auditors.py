@@ -1,0 +1,184 @@
+"""The audit's executor (issue 71): forks the auditors, hands their answers to the verdict, performs it.
+
+Runs in the watchdog, driven by its loop (:class:`~procsv.watchdog.launcher.Watchdog`): every message it
+drains (:meth:`Auditors.heard`: the commits, :class:`~procsv.ipc.messages.SaveResult`, and the auditors'
+:class:`~procsv.ipc.messages.AuditResult`) and every round (:meth:`Auditors.round`: an auditor that ended
+without an answer, the next one to fork). What to replay and what an answer means are
+:mod:`procsv.watchdog.audit.verdict`'s (pure); here they are acted on: an auditor is forked from the zygote
+(never fresh: an auditor is worth only spare CPU), a verdict is recorded (an ``audit`` lifecycle record, a
+line), and a trainer verdict rolls the trainer back: the rollback's bound is set (``RunView.rollback_before``,
+as a group's rollback sets it: every trainer started until a commit past the superseded ones restores a
+checkpoint before it) and the trainer is SIGKILLed (no emergency checkpoint of a wrong state), which rule 1
+restarts at once, not as a failure (``Cause.AUDIT``); a trainer that had finished (``--audit every`` waits
+for its last verdicts: ``Findings.audit["end_waits"]``, bounded by ``END_WAIT_SECS``) is restarted the same way.
+The checkpoints the audit needs (:func:`~procsv.watchdog.audit.verdict.holds`) are told to the checkpoint
+service (:class:`~procsv.ipc.messages.AuditHold`) whenever they change and whenever a service says hello:
+retention keeps them.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Callable, Optional
+
+from procsv.common.env import AUDIT
+from procsv.ipc.messages import AuditHold, AuditResult, Hello, Message, Role, SaveResult
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
+                                           end_wait, holds, next_replay, pending, replayed, rolled_back)
+from procsv.watchdog.executor import Executor
+from procsv.watchdog.publish.events import Event, Report
+from procsv.watchdog.rules.actions import Cause, Kill
+from procsv.watchdog.rules.state import AUDITOR, TRAINER, ChildView, RunView
+
+
+class Auditors:
+    """The launch's audit: its :class:`AuditBook`, the auditor running (its attempt, and whether it answered)."""
+
+    def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
+                 report: Callable[[list[Report]], None], tell: Callable[[Message], None]) -> None:
+        self.book = AuditBook(mode=AuditMode(mode))
+        if world > 1 and self.book.mode != AuditMode.OFF:  # (no interval of a group is eligible: said once, at the start)
+            self.book.off = f"a group (--nproc {world}) is not audited in this slice; audit off for this launch"
+            report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
+        self.ex, self.view, self.world, self.report, self.tell = ex, view, world, report, tell
+        self.host = socket.gethostname()  # the trainer's (a single trainer runs on the watchdog's host)
+        self.attempt = 0  # the auditors forked so far
+        self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
+        self.answered = False
+        self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
+        self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
+        self.end_waits = False  # a finished trainer's end waits for the audit (judge reads it in Findings.audit)
+        self._publish()
+
+    def heard(self, msg: Message) -> None:
+        """A message the watchdog drained: a commit closes an interval; an auditor's answer is judged; a
+        checkpoint service's hello is told what to keep (a restarted one knows nothing)."""
+        if self.book.mode == AuditMode.OFF:
+            return
+        if isinstance(msg, SaveResult) and msg.ok and not msg.again:
+            trainer = self.view.children.get(TRAINER)
+            if msg.attempt and trainer is not None and msg.attempt < trainer.attempt:
+                return  # a late commit of an attempt that is gone (a rolled-back one's, say): no interval of its
+            last = self.book.last[0] if self.book.last is not None else msg.step
+            eligible = self.world == 1 and not any(last < s <= msg.step for s in self.view.skipped_steps)
+            committed(self.book, msg.step, msg.path, eligible, msg.attempt)
+            self._publish()
+        elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
+            self.answered = True
+            self._judge(Replay(tuple(msg.differ), msg.digest, msg.host, msg.error))
+        elif isinstance(msg, Hello) and msg.role == Role.CHECKPOINT:
+            self.held = None
+        self._hold()
+
+    def round(self) -> None:
+        """An auditor that ended without answering is an answer with an error; then the next auditor, if one
+        is due and the zygote can fork it while the run goes on (or while a finished trainer waits for it)."""
+        if self.book.mode == AuditMode.OFF:
+            return
+        child = self.view.children.get(AUDITOR)
+        if self.running is not None and child is not None and child.attempt == self.running and not child.live:
+            if not self.answered:
+                code = child.exit_code if child.exit_code is not None else "a signal"
+                self._judge(Replay((), "", self.host, f"the auditor ended with {code} before its answer"))
+            self.running = None
+        self._hold()
+        if self.view.finishing or self.running is not None:
+            return
+        trainer = self.view.children.get(TRAINER)
+        if trainer is None or not (trainer.live or self.end_waits):
+            return  # (a trainer being restarted: its zygote's fork first)
+        interval = next_replay(self.book, auditor_running=False)
+        if interval is None:
+            return
+        if self.ex.fork_auditor(self.attempt + 1, {AUDIT: f"{interval.start}:{interval.end}"}):
+            self.attempt += 1
+            self.running, self.answered = self.attempt, False
+            self._publish()
+
+    def _finished(self) -> Optional[ChildView]:
+        """The trainer, if it ended with 0 and its end awaits the judgement (its run's end)."""
+        trainer = self.view.children.get(TRAINER)
+        return trainer if trainer is not None and trainer.reaped and not trainer.settled \
+            and trainer.exit_code == 0 else None
+
+    def _hold(self) -> None:
+        """Tell the checkpoint service the steps to keep, when they changed; set whether the run's end waits."""
+        steps = holds(self.book)
+        if steps != self.held:
+            self.tell(AuditHold(steps))
+            self.held = steps
+        done = self._finished()
+        if done is not None and not pending(self.book) and self.running is None:
+            undecided = self.book.ended()  # (no interval after it will come: no verdict, nothing rolled back)
+            if undecided is not None:
+                self.report([_record(undecided, self.host, self.attempt)])
+        now = self.ex.clock()
+        wait = end_wait(self.book, done.ended_at or now, now) if done is not None else pending(self.book)
+        if done is not None and not wait and pending(self.book) and not self.gave_up:
+            self.gave_up = True
+            self.report([Report(say=f"procsv: audit: the trainer finished; its last interval(s) got no verdict "
+                                    f"within {END_WAIT_SECS:g} s; the run ends unaudited past step "
+                                    f"{self.book.anchor if self.book.anchor is not None else 0}", err=True)])
+        if wait != self.end_waits:
+            self.end_waits = wait
+            self._publish()
+
+    def _judge(self, replay: Replay) -> None:
+        judged = replayed(self.book, replay)
+        self._publish()
+        if judged is None:
+            return  # a second replay of the same interval: forked at the next round
+        self.report([_record(judged, self.host, self.attempt)])
+        if judged.verdict != Verdict.TRAINER:
+            return
+        trainer = self.view.children.get(TRAINER)
+        before = judged.rollback_before
+        finished = self._finished()
+        if trainer is None or not (trainer.live or finished is not None) or self.view.finishing or before is None:
+            return
+        if self.view.findings.audit_found(self.host):
+            self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
+                                                     "limit": self.view.findings.suspect_after, "step": judged.interval.end},
+                                say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
+                                    "transient faults in this launch")])
+        # the newest step committed by the timeline rolled back, and its attempt: the bound stays until a later
+        # attempt commits past it (observe.rollback_bound), every start meanwhile restores a checkpoint before it
+        self.view.rollback_before = (before, max(self.view.commit_step, judged.interval.end), trainer.attempt)
+        rolled_back(self.book, judged)
+        self.view.findings.audit_rollbacks[trainer.attempt] = f"audit: host {self.host} computed steps {judged.interval.start}-{judged.interval.end} wrongly"
+        if finished is not None:  # it finished before the verdict: restarted from the interval's start all the same
+            trainer.regroup = True  # (as the kill's bookkeeping marks it: rule 1 restarts it at once, not a failure)
+            self.report([Report(say=f"procsv: audit: the trainer had finished; it trains again from step "
+                                    f"{judged.interval.start}", err=True)])
+        else:
+            self.ex.perform(Kill(TRAINER, trainer.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
+        self._hold()
+        self._publish()
+
+    def _publish(self) -> None:
+        """The audit's figures, as ``status.json`` and the metrics show them."""
+        book = self.book
+        counts: dict[str, int] = {}
+        for v in book.verdicts:
+            counts[v.verdict.value] = counts.get(v.verdict.value, 0) + 1
+        current = book.current
+        self.view.findings.audit = {} if book.mode == AuditMode.OFF else {
+            "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
+            "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
+            "replaying": None if current is None or self.running is None else [current.start, current.end],
+            "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits}
+
+
+def _record(judged: Judged, host: str, attempt: int) -> Report:
+    """The ``audit`` lifecycle record of a verdict, with its line (none for a plain match)."""
+    first = judged.replays[0] if judged.replays else Replay((), "", host)  # (no replays: a candidate left undecided)
+    named = host if judged.verdict == Verdict.TRAINER else \
+        ", ".join(sorted({r.host for r in judged.replays})) if judged.verdict == Verdict.AUDITOR else None
+    said = judged.line.removeprefix("procsv: audit: ") if judged.verdict in (
+        Verdict.NONDETERMINISTIC, Verdict.AUDITOR, Verdict.UNDECIDED) or not judged.replays else None
+    reason = (judged.replays[-1].error if judged.replays else "") or said
+    return Report(Event.AUDIT, {"verdict": judged.verdict.value, "start": judged.interval.start,
+                                "end": judged.interval.end, "host": named, "differ": list(first.differ),
+                                "auditors": list(range(attempt - len(judged.replays) + 1, attempt + 1)),
+                                "reason": reason},
+                  say=judged.line.format(host=host), err=judged.verdict != Verdict.MATCH)

@@ -1,0 +1,297 @@
+"""The audit's decisions (issue 71): which committed intervals are replayed, and what the replays mean.
+
+Runs in the watchdog. Pure: no clock, no process, no file. The watchdog sees every commit
+(:class:`~procsv.ipc.messages.SaveResult`); two consecutive commits S1 < S2 of a single trainer are an
+*interval*, which an auditor (a trainer process of its own, forked from the zygote at ``SCHED_IDLE``)
+replays from checkpoint S1 to step S2 and compares, tensor by tensor, with checkpoint S2 read back from
+disk (:class:`~procsv.ipc.messages.AuditResult`). :class:`AuditBook` holds what the audit knows;
+:func:`committed` says which interval to replay next, :func:`replayed` what a replay means. The
+executor (:mod:`procsv.watchdog.audit.auditors`) forks the auditors and performs the verdicts.
+
+The verdicts, for an interval whose first replay differs from the trainer's checkpoint: a second
+replay, by a fresh auditor. Both replays agree with each other and not with the trainer: the trainer's
+machine computed wrongly (:attr:`Verdict.TRAINER`): the trainer is rolled back to S1 (the newest audited
+state) and trains on. The replays disagree: the auditor's machine (or the program) is at fault
+(:attr:`Verdict.AUDITOR`): nothing is rolled back. The first interval of a launch is replayed twice
+whatever the first replay says: two replays of the same steps that differ mean the program's steps are
+not deterministic (:attr:`Verdict.NONDETERMINISTIC`), and the audit switches itself off.
+
+Replays that agree with each other and not with the trainer are believed of the trainer's machine only
+once the program's steps are known to replay from a checkpoint as its trainer ran them: a program whose
+state is not all in its checkpoint (a Keras ``Dropout`` layer under ``keras.utils.set_random_seed``: its
+seed generator restarts in every fresh process) replays the same way twice and never the trainer's way.
+Until an interval the trainer ran on from before its start (not :attr:`Interval.resumed`) has matched
+(:attr:`AuditBook.exact`), such a result is a *candidate*: the next such interval decides. It matches: the
+program replays exactly and the candidate was the trainer's fault (a wrong bit stays in the state, so the
+interval after it replays as the trainer ran it), rolled back to the candidate's start; it also differs:
+the program's replay from a checkpoint is not its trainer's, and the audit switches off
+(:attr:`Verdict.NONDETERMINISTIC`). A trainer that ends with a candidate undecided gets no verdict
+(:meth:`AuditBook.ended`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+END_WAIT_SECS = 300.0  # --audit every: how long a trainer that finished waits for its last intervals' verdicts
+SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the launch's first two, always replayed)
+UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
+QUEUE_MAX = 3  # intervals waiting for an auditor; an older one is dropped (retention would take its S1 first)
+
+
+class AuditMode(str, enum.Enum):
+    """``procsv launch --audit``."""
+
+    OFF = "off"
+    SAMPLED = "sampled"
+    EVERY = "every"
+
+
+class Verdict(str, enum.Enum):
+    """What a finished audit of an interval says."""
+
+    MATCH = "match"  # the replay is the trainer's checkpoint, bit for bit: the interval is audited
+    TRAINER = "trainer"  # two replays agree with each other, not with the trainer: its machine computed wrongly
+    AUDITOR = "auditor"  # two replays disagree, one of them with the trainer: the auditor's machine (or the program)
+    NONDETERMINISTIC = "nondeterministic"  # the first interval's two replays differ: the audit switches off
+    UNDECIDED = "undecided"  # two replays agree, not with the trainer, before the program's replay is known exact
+    UNAUDITED = "unaudited"  # the replay could not be made (a checkpoint gone, the replay ended short): no verdict
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Two consecutive committed checkpoints: the steps ``start`` < ``end`` and their paths."""
+
+    start: int
+    end: int
+    start_path: str
+    end_path: str
+    resumed: bool = False  # the trainer that committed ``end`` began at ``start`` (a restore, a restart): its own
+    # start is a fresh process's, as the replay's is
+
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One auditor's answer (an :class:`~procsv.ipc.messages.AuditResult`, as the verdict reads it):
+    the tensors that differ from the trainer's checkpoint ``end``, a digest of its whole replayed state,
+    its host, and why it could not replay (empty: it did)."""
+
+    differ: tuple[str, ...]
+    digest: str
+    host: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A verdict on ``interval`` (``replays``: the answers it rests on) and, for :attr:`Verdict.TRAINER`, the
+    step whose newest state before it the trainer restores (``rollback_before``: the interval's ``start`` + 1)."""
+
+    verdict: Verdict
+    interval: Interval
+    replays: tuple[Replay, ...]
+    line: str
+
+    @property
+    def rollback_before(self) -> Optional[int]:
+        return self.interval.start + 1 if self.verdict == Verdict.TRAINER else None
+
+
+@dataclass
+class AuditBook:
+    """What the audit of this launch knows: the mode, the last commit seen, the intervals waiting, the one
+    being replayed and its answers so far, the steps audited and committed since the audit began, and why
+    it switched off (empty: it did not)."""
+
+    mode: AuditMode = AuditMode.OFF
+    last: Optional[tuple[int, str]] = None  # the newest commit seen: (step, path)
+    seen: int = 0  # intervals seen
+    queue: list[Interval] = field(default_factory=list)
+    current: Optional[Interval] = None
+    answers: list[Replay] = field(default_factory=list)
+    probed: bool = False  # the first interval was replayed twice (the program's determinism)
+    audited_steps: int = 0
+    covered_steps: int = 0  # the steps of every interval seen (the denominator of the fraction audited)
+    off: str = ""
+    verdicts: list[Judged] = field(default_factory=list)
+    anchor: Optional[int] = None  # where a rollback goes: the newest audited step (a trainer verdict's start)
+    last_attempt: Optional[int] = None  # the trainer attempt of :attr:`last` (None: unknown, or a rollback's)
+    exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
+    candidate: Optional[Interval] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided
+
+    @property
+    def fraction(self) -> float:
+        """The fraction of the committed steps audited (0 before any interval)."""
+        return self.audited_steps / self.covered_steps if self.covered_steps else 0.0
+
+    def commit(self, step: int, path: Optional[str], eligible: bool, attempt: int = 0) -> None:
+        """A commit of ``step`` at ``path`` (not an ``again``) by trainer ``attempt`` (0: unknown). ``eligible``: the
+        interval it closes was trained by one trainer on its own, exactly (no rollback in force, no skipped step
+        in it, not a group): else it is not replayed, and the next starts at this commit."""
+        if path is None:
+            return
+        last, self.last = self.last, (step, path)
+        before, self.last_attempt = self.last_attempt, attempt or None
+        if self.mode == AuditMode.OFF or self.off or last is None or step <= last[0] or not eligible:
+            return
+        interval = Interval(last[0], step, last[1], path, resumed=before is None or before != attempt)
+        index, self.seen = self.seen, self.seen + 1
+        self.covered_steps += interval.steps
+        if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
+            self.queue = [*self.queue, interval][-QUEUE_MAX:]
+
+    def rolled_back(self, judged: Judged) -> None:
+        """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
+        waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
+        checkpoint, which the audit holds: its steps trained again are audited too)."""
+        self.queue, self.last = [], (judged.interval.start, judged.interval.start_path)
+        self.last_attempt, self.candidate = None, None  # (the restarted trainer begins there: its next interval is resumed)
+
+    def next_replay(self, auditor_running: bool) -> Optional[Interval]:
+        """The interval an auditor should replay now (None: one runs, or nothing waits, or the audit is off)."""
+        if auditor_running or self.off or self.mode == AuditMode.OFF:
+            return None
+        if self.current is None:
+            if not self.queue:
+                return None
+            self.current, self.queue, self.answers = self.queue[0], self.queue[1:], []
+        return self.current
+
+    def replayed(self, replay: Replay) -> Optional[Judged]:
+        """An auditor's answer on :attr:`AuditBook.current`: a verdict, or None when a second replay is due
+        (:func:`next_replay` then returns the same interval again)."""
+        interval = self.current
+        if interval is None:
+            return None
+        answers = self.answers = [*self.answers, replay]
+        if replay.error and UNSUPPORTED in replay.error:  # every interval would say it again: once, and off
+            self.off = f"{replay.error}; audit off for this launch"
+            return self._close(Judged(Verdict.UNAUDITED, interval, tuple(answers), f"procsv: audit: {self.off}"))
+        if replay.error:
+            return self._close(Judged(Verdict.UNAUDITED, interval, tuple(answers),
+                                       f"procsv: audit of steps {interval.start}-{interval.end}: no verdict ({replay.error})"))
+        first = answers[0]
+        if len(answers) == 1 and (first.differ or not self.probed):
+            return None  # a second replay: a mismatch is never believed of one auditor; the first interval, always
+        self.probed = True
+        span = f"steps {interval.start}-{interval.end}"
+        candidate = self.candidate
+        if len(answers) == 1 or (first.digest == replay.digest and not replay.differ):
+            if candidate is not None and not interval.resumed:  # the program replays exactly: the candidate was the trainer's
+                self.exact, self.candidate = True, None
+                return self._trainer(candidate, tuple(answers), replay.differ or ("(the interval before)",),
+                                     f"; {span} replayed as it ran, so the program's steps replay exactly")
+            self.exact = self.exact or not interval.resumed
+            self.audited_steps += interval.steps
+            self.anchor = interval.end
+            return self._close(Judged(Verdict.MATCH, interval, tuple(answers), ""))
+        if first.digest == replay.digest:
+            if interval.resumed or self.exact:
+                return self._trainer(interval, tuple(answers), replay.differ, "")
+            if candidate is None:  # undecided until the next interval the trainer ran on (see the module's docstring)
+                self.candidate = interval
+                return self._close(Judged(Verdict.UNDECIDED, interval, tuple(answers),
+                                           f"procsv: audit: two replays of {span} agree with each other, not with the "
+                                           f"trainer's checkpoint: the next interval tells the trainer's fault from a "
+                                           f"program whose steps do not replay from a checkpoint; nothing rolled back yet"))
+            self.candidate = None
+            self.off = (f"two replays agree with each other and not with the trainer in two intervals running "
+                        f"(steps {candidate.start}-{candidate.end}, {span}): the program's steps do not replay from a "
+                        "checkpoint as its trainer ran them (state no checkpoint holds: random numbers of a seeded "
+                        "Keras Dropout layer or of tf.random ops, a counter or iterator of its own); audit off for "
+                        "this launch")
+            return self._close(Judged(Verdict.NONDETERMINISTIC, interval, tuple(answers), f"procsv: audit: {self.off}"))
+        if len(self.verdicts) == 0 and self.audited_steps == 0:
+            self.off = (f"the program's steps are not deterministic: two replays of {span} from the same checkpoint "
+                        "differ (no verdict can rest on a replay); audit off for this launch")
+            return self._close(Judged(Verdict.NONDETERMINISTIC, interval, tuple(answers), f"procsv: audit: {self.off}"))
+        hosts = ", ".join(sorted({a.host for a in answers}))
+        return self._close(Judged(Verdict.AUDITOR, interval, tuple(answers),
+                                   f"procsv: audit: two replays of {span} disagree with each other: the auditor's machine "
+                                   f"({hosts}) is at fault, not the trainer's; nothing rolled back"))
+
+    def _trainer(self, interval: Interval, answers: tuple[Replay, ...], differ: tuple[str, ...], why: str) -> Judged:
+        """The trainer's machine computed ``interval`` wrongly: roll back to its start."""
+        self.anchor = interval.start  # (kept until the rolled-back trainer restored it)
+        span = f"steps {interval.start}-{interval.end}"
+        names = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        return self._close(Judged(Verdict.TRAINER, interval, answers,
+                                  f"procsv: audit: the trainer on host {{host}} computed {span} wrongly (two replays "
+                                  f"agree with each other, not with its checkpoint; differing: {names}{why}): rolling "
+                                  f"back to step {interval.start}"))
+
+    def ended(self) -> Optional[Judged]:
+        """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no
+        candidate). Nothing is rolled back: no later interval could tell a fault from a program that does not
+        replay."""
+        interval, self.candidate = self.candidate, None
+        if interval is None:
+            return None
+        judged = Judged(Verdict.UNAUDITED, interval, (), f"procsv: audit of steps {interval.start}-{interval.end}: no "
+                        "verdict (its replays differ from the trainer's checkpoint and the run ended before an interval "
+                        "after it told a fault from a program that does not replay exactly); nothing rolled back")
+        self.verdicts.append(judged)
+        return judged
+
+    def _close(self, judged: Judged) -> Judged:
+        self.current, self.answers = None, []
+        self.verdicts.append(judged)
+        return judged
+
+
+def sampled(index: int, mode: AuditMode) -> bool:
+    """Whether interval ``index`` (0: the launch's first) is replayed under ``mode``: under ``sampled``, the first
+    two (a mismatch of the first is decided by the second: the module's docstring), then one in :data:`SAMPLE_EVERY`."""
+    if mode == AuditMode.EVERY:
+        return True
+    return mode == AuditMode.SAMPLED and (index % SAMPLE_EVERY == 0 or index == 1)  # (the first two: the probe)
+
+
+def holds(book: AuditBook) -> list[int]:
+    """The committed steps retention must keep for the audit (sorted): both ends of every interval waiting or
+    being replayed (an auditor restores the one and reads the other) and :attr:`AuditBook.anchor`."""
+    if book.off:  # (an audit switched off keeps nothing: the intervals it had queued would be held for ever)
+        return []
+    waiting = [*book.queue, *([book.current] if book.current is not None else [])]
+    steps = {s for i in waiting for s in (i.start, i.end)} | ({book.anchor} if book.anchor is not None else set()) \
+        | ({book.candidate.start} if book.candidate is not None else set())
+    return sorted(steps)
+
+
+def pending(book: AuditBook) -> bool:
+    """Whether a finished trainer must wait before the run ends: ``--audit every`` (and on) with an interval
+    waiting or being replayed (a verdict after the run's end could roll nothing back)."""
+    return book.mode == AuditMode.EVERY and not book.off and (book.current is not None or bool(book.queue))
+
+
+def end_wait(book: AuditBook, ended_at: float, now: float) -> bool:
+    """Whether the run's end still waits for the audit (:func:`pending`, at most :data:`END_WAIT_SECS` after
+    the trainer ended at ``ended_at``)."""
+    return pending(book) and now - ended_at < END_WAIT_SECS
+
+
+def committed(book: AuditBook, step: int, path: Optional[str], eligible: bool, attempt: int = 0) -> None:
+    """:meth:`AuditBook.commit`."""
+    return book.commit(step, path, eligible, attempt)
+
+
+def rolled_back(book: AuditBook, judged: Judged) -> None:
+    """:meth:`AuditBook.rolled_back`."""
+    return book.rolled_back(judged)
+
+
+def next_replay(book: AuditBook, auditor_running: bool) -> Optional[Interval]:
+    """:meth:`AuditBook.next_replay`."""
+    return book.next_replay(auditor_running)
+
+
+def replayed(book: AuditBook, replay: Replay) -> Optional[Judged]:
+    """:meth:`AuditBook.replayed`."""
+    return book.replayed(replay)

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Benchmark: what ``procsv launch --audit every`` catches and what it costs the trainer (issue 71).
+
+``.venv/bin/python scripts/bench_audit.py [--runs 3] [--seed 71]``. Runs in this process (the driver) plus the
+``procsv launch`` runs it starts, one at a time, of ``procsv.examples.digits`` (a single eager trainer):
+
+(a) Injected faults, ``--runs`` launches under ``--audit every``, checkpoints every ``--save-steps``: one bit of
+    one weight flipped once (``PROCSV_FAULT=trainer:bitflip:<n>``) after a random step n (seeded). Measured: the
+    fraction **caught** (an ``audit`` record with verdict ``trainer`` for an interval ending at or after n: goal
+    1.0), the **steps from the fault to the verdict** (the trainer's step when the verdict came, interpolated
+    from its commits' records; the final step if it had finished), the intervals from the fault to the verdict
+    (goal: within two), and whether the run ended succeeded with its final weights **bit-equal** to a clean
+    run's (one launch without the audit).
+(b) Throughput, ``--runs`` pairs of launches with no step delay (the trainer CPU-bound), ``--audit every`` and
+    off, alternated: each first trainer attempt's steps per second as it reports them (``ran N of them in X
+    s``); the ratio of the medians (goal >= 0.995: the auditors run at SCHED_IDLE, on spare CPU only).
+
+Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_verdict_steps=<median>
+fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
+throughput_ratio=<x> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
+caught, a run not succeeded, weights not bit-equal, a false alarm: a ``trainer`` or ``nondeterministic``
+verdict in a throughput run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
+os.environ.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")  # this process reads checkpoints
+RAN = re.compile(r"this process ran (\d+) of them in ([0-9.]+) s")
+
+
+class BenchError(Exception):
+    pass
+
+
+def events(logdir: str) -> list[dict[str, Any]]:
+    path = os.path.join(logdir, "logs", "lifecycle.jsonl")
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def final_weights(logdir: str) -> dict[str, bytes]:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
+    return {k: reader.get_tensor(k).tobytes() for k in reader.get_variable_to_shape_map()
+            if not k.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))}
+
+
+def launch(logdir: str, args: argparse.Namespace, audit: str, delay: float, fault: Optional[int] = None) -> None:
+    env = dict(ENV, **({"PROCSV_FAULT": f"trainer:bitflip:{fault}"} if fault is not None else {}))
+    cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--audit", audit,
+           "--", "--steps", str(args.steps), "--save-model-secs", "1000", "--save-checkpoint-steps",
+           str(args.save_steps), "--step-delay", str(delay)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise BenchError(f"a launch exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+def step_at(evs: list[dict[str, Any]], when: float, last: int) -> float:
+    """The first trainer attempt's step at wall time ``when``, interpolated from its commits (``last`` after
+    its final one)."""
+    points = [(float(e["time"]), int(e["step"])) for e in evs if e["event"] == "checkpoint_committed"]
+    finished = next((float(e["time"]) for e in evs if e["event"] == "exited" and e.get("role") == "trainer"), None)
+    if finished is not None and when >= finished:
+        return float(last)
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if t0 <= when <= t1:
+            return s0 + (s1 - s0) * (when - t0) / max(t1 - t0, 1e-9)
+    if len(points) >= 2 and when > points[-1][0]:  # past the last commit: at the last pace
+        (t0, s0), (t1, s1) = points[-2], points[-1]
+        return min(float(last), s1 + (s1 - s0) * (when - t1) / max(t1 - t0, 1e-9))
+    return float(last)
+
+
+def rate(logdir: str) -> float:
+    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+        found = RAN.search(fh.read())
+    if found is None:
+        raise BenchError(f"no 'ran N of them in X s' line in {logdir}/logs/trainer.1.log")
+    return int(found.group(1)) / float(found.group(2))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--save-steps", type=int, default=200)
+    ap.add_argument("--step-delay", type=float, default=0.02, help="the fault runs' (the throughput runs': 0)")
+    ap.add_argument("--seed", type=int, default=71)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    began = time.monotonic()
+    wrong: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="procsv-bench-audit-") as root:
+        clean = os.path.join(root, "clean")
+        launch(clean, args, "off", 0.0)
+        reference = final_weights(clean)
+        caught, lags, intervals, exact = 0, [], [], True
+        print(f"{'run':>4} {'fault':>6} {'caught':>7} {'verdict on':>11} {'steps to verdict':>17} {'exact':>6}")
+        for i in range(args.runs):
+            fault = rng.randint(args.save_steps + 1, args.steps - 1)
+            logdir = os.path.join(root, f"fault{i}")
+            launch(logdir, args, "every", args.step_delay, fault)
+            evs = events(logdir)
+            hit = next((e for e in evs if e["event"] == "audit" and e["verdict"] == "trainer" and e["end"] >= fault),
+                       None)
+            same = final_weights(logdir) == reference
+            exact = exact and same
+            state = next((e["state"] for e in evs if e["event"] == "finished"), None)
+            if state != "succeeded":
+                wrong.append(f"fault run {i} ended {state}")
+            if hit is None:
+                wrong.append(f"the fault after step {fault} (run {i}) was not caught")
+                print(f"{i:>4} {fault:>6} {'no':>7}")
+                continue
+            caught += 1
+            lag = step_at(evs, float(hit["time"]), args.steps) - fault
+            lags.append(lag)
+            intervals.append(math.ceil(lag / args.save_steps))  # the checkpoint intervals the trainer went on
+            print(f"{i:>4} {fault:>6} {'yes':>7} {hit['start']:>5}-{hit['end']:<5} {lag:>17.0f} {str(same):>6}")
+        if not exact:
+            wrong.append("a fault run's final weights differ from the clean run's")
+        off_rates, on_rates = [], []
+        for i in range(args.runs):
+            for audit, into in (("off", off_rates), ("every", on_rates)):
+                logdir = os.path.join(root, f"rate-{audit}{i}")
+                launch(logdir, args, audit, 0.0)
+                into.append(rate(logdir))
+                alarms = [e for e in events(logdir) if e["event"] == "audit"
+                          and e["verdict"] in ("trainer", "nondeterministic")]
+                if alarms:
+                    wrong.append(f"false alarm in a clean run: {alarms[0]}")
+    off, on = statistics.median(off_rates), statistics.median(on_rates)
+    print(f"throughput (steps/s, {args.runs} each): off {off:.1f} {sorted(round(r, 1) for r in off_rates)}, "
+          f"every {on:.1f} {sorted(round(r, 1) for r in on_rates)}: ratio {on / off:.3f}")
+    for w in wrong:
+        print(f"bench_audit: {w}", file=sys.stderr)
+    load = os.getloadavg()[0]
+    print(f"({time.monotonic() - began:.0f} s in all, load {load:.1f})")
+    print(f"caught={caught / args.runs:.2f} faults={args.runs} "
+          f"fault_to_verdict_steps={statistics.median(lags) if lags else -1:.0f} "
+          f"fault_to_verdict_intervals={max(intervals) if intervals else -1} exact={int(exact)} "
+          f"steps_per_s_off={off:.1f} steps_per_s_audit={on:.1f} throughput_ratio={on / off:.3f} load={load:.1f}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench_audit: {exc}", file=sys.stderr)
+        sys.exit(1)

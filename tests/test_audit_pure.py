@@ -1,0 +1,231 @@
+"""The audit's verdict (issue 71), pure: which intervals are replayed, and what two replays mean."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from test_policies import mk, steps as kept_steps, T0
+from test_watchdog_decide import Sim, of
+
+from procsv.services.checkpoint.policy import retention
+from procsv.status import audit_lines
+from procsv.watchdog.actionlines import restart_reports
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, SAMPLE_EVERY, AuditBook, AuditMode, Replay, Verdict,
+                                           committed, end_wait, holds, next_replay, pending, replayed, rolled_back)
+from procsv.watchdog.publish.metrics import spike_families
+from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
+from procsv.watchdog.rules.actions import Finish, Restart
+from procsv.watchdog.rules.state import TRAINER
+
+GOOD = Replay((), "aaaa", "auditor-host")
+BAD = Replay(("dense/kernel",), "bbbb", "auditor-host")
+
+
+def _book(mode: AuditMode = AuditMode.EVERY, steps: tuple[int, ...] = (100, 200)) -> AuditBook:
+    book = AuditBook(mode=mode)
+    for s in steps:
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True)
+    return book
+
+
+def test_two_replays_that_agree_with_each_other_and_not_with_the_trainer_roll_it_back_to_the_intervals_start() -> None:
+    book = _book()
+    assert next_replay(book, False).start == 100
+    assert replayed(book, BAD) is None  # a mismatch is never believed of one auditor
+    assert next_replay(book, False).start == 100  # the same interval, again
+    judged = replayed(book, BAD)
+    assert judged.verdict == Verdict.TRAINER and judged.rollback_before == 101
+    assert "{host}" in judged.line and "rolling back to step 100" in judged.line
+    committed(book, 300, "/l/model.ckpt-300", eligible=True)  # (a commit of the rolled-back timeline)
+    rolled_back(book, judged)
+    assert book.queue == [] and book.last == (100, "/l/model.ckpt-100")
+    committed(book, 200, "/l/model.ckpt-200", eligible=True)  # trained again from step 100: audited again
+    assert [(i.start, i.end) for i in book.queue] == [(100, 200)]
+
+
+def test_two_replays_that_disagree_name_the_auditor_and_roll_nothing_back() -> None:
+    book = _book(steps=(100, 200, 300))
+    next_replay(book, False)
+    replayed(book, GOOD)
+    assert replayed(book, GOOD).verdict == Verdict.MATCH  # the first interval, replayed twice
+    next_replay(book, False)
+    assert replayed(book, BAD) is None
+    judged = replayed(book, GOOD)  # the second auditor matches the trainer: the first computed wrongly
+    assert judged.verdict == Verdict.AUDITOR and judged.rollback_before is None
+    assert "auditor-host" in judged.line and not book.off
+
+
+def test_a_program_whose_first_interval_replays_twice_differently_switches_the_audit_off_with_one_line() -> None:
+    book = _book(steps=(100, 200, 300))
+    next_replay(book, False)
+    assert replayed(book, GOOD) is None  # the first interval is replayed twice whatever it says
+    judged = replayed(book, Replay((), "cccc", "auditor-host"))
+    assert judged.verdict == Verdict.NONDETERMINISTIC and "not deterministic" in book.off
+    assert next_replay(book, False) is None
+    committed(book, 400, "/l/model.ckpt-400", eligible=True)
+    assert [(i.start, i.end) for i in book.queue] == [(200, 300)] and next_replay(book, False) is None
+
+
+def test_matching_replays_count_their_steps_as_audited_and_a_replay_that_could_not_run_is_no_verdict() -> None:
+    book = _book(steps=(100, 200, 300, 400))
+    next_replay(book, False)
+    replayed(book, GOOD)
+    replayed(book, GOOD)
+    next_replay(book, False)
+    assert replayed(book, GOOD).verdict == Verdict.MATCH  # after the first, one matching replay is enough
+    next_replay(book, False)
+    assert replayed(book, Replay((), "", "h", "checkpoint 300 was retired")).verdict == Verdict.UNAUDITED
+    assert book.audited_steps == 200 and book.covered_steps == 300 and round(book.fraction, 3) == 0.667
+
+
+def test_sampled_replays_the_first_interval_then_one_in_sample_every_and_off_none() -> None:
+    book = _book(AuditMode.SAMPLED, steps=tuple(range(100, 100 * (SAMPLE_EVERY + 3), 100)))
+    assert [(i.start, i.end) for i in book.queue] == [(100, 200), (200, 300),
+                                                      (100 * (SAMPLE_EVERY + 1), 100 * (SAMPLE_EVERY + 2))]
+    assert _book(AuditMode.OFF).queue == []
+
+
+def test_an_ineligible_commit_closes_no_interval_and_one_auditor_runs_at_a_time() -> None:
+    book = _book(steps=(100,))
+    committed(book, 200, "/l/model.ckpt-200", eligible=False)  # a rollback in force, a skipped step, a group
+    assert book.queue == []
+    committed(book, 300, "/l/model.ckpt-300", eligible=True)
+    assert [(i.start, i.end) for i in book.queue] == [(200, 300)]
+    assert next_replay(book, auditor_running=True) is None
+
+
+def test_retention_keeps_the_steps_an_audit_holds_past_max_to_keep_and_deletes_them_once_let_go() -> None:
+    committed_ = [mk(s, T0 + s) for s in range(1, 8)]
+    plan = retention(committed_, max_to_keep=3, keep_every_n_hours=None, last_preserved=T0, held=frozenset({2}))
+    assert kept_steps(plan.keep) == [2, 5, 6, 7] and kept_steps(plan.delete) == [1, 3, 4] and not plan.newly_preserved
+    plan = retention(committed_, max_to_keep=3, keep_every_n_hours=None, last_preserved=T0)
+    assert kept_steps(plan.delete) == [1, 2, 3, 4]
+
+
+def test_the_audit_holds_both_ends_of_what_waits_and_the_step_a_rollback_goes_to() -> None:
+    book = _book(steps=(100, 200, 300))
+    assert holds(book) == [100, 200, 300]  # two intervals waiting: their ends
+    next_replay(book, False)
+    replayed(book, GOOD)
+    replayed(book, GOOD)  # 100-200 audited
+    next_replay(book, False)
+    assert replayed(book, GOOD).verdict == Verdict.MATCH  # 200-300 audited: 300 is where a rollback would go
+    assert holds(book) == [300]
+    committed(book, 400, "/l/model.ckpt-400", eligible=True)
+    next_replay(book, False)
+    replayed(book, BAD)
+    judged = replayed(book, BAD)
+    assert judged.verdict == Verdict.TRAINER and holds(book) == [300]
+    rolled_back(book, judged)
+    assert holds(book) == [300]  # the rolled-back trainer restores it: kept
+
+
+def test_a_finished_trainer_waits_for_every_intervals_verdict_under_every_bounded_and_never_under_sampled() -> None:
+    book = _book(steps=(100, 200))
+    assert pending(book) and end_wait(book, 10.0, 10.0 + END_WAIT_SECS - 1)
+    assert not end_wait(book, 10.0, 10.0 + END_WAIT_SECS)
+    assert not pending(_book(AuditMode.SAMPLED, steps=(100, 200)))
+    next_replay(book, False)
+    replayed(book, GOOD)
+    assert pending(book)  # the first interval's second replay is still due
+    replayed(book, GOOD)
+    assert not pending(book)
+
+
+def test_the_run_does_not_finish_while_the_audit_is_pending_and_a_late_verdict_restarts_the_trainer_not_as_a_failure(
+        ) -> None:
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    sim.view.findings.audit = {"end_waits": True}
+    sim.dies(TRAINER, 0)
+    assert of(sim.tick(1.0), Finish) == []  # its last intervals' verdicts first
+    trainer = sim.trainer
+    trainer.regroup = True  # (what the executor does)
+    sim.view.findings.audit_rollbacks[trainer.attempt] = "audit: host h1 computed steps 100-200 wrongly"
+    sim.view.findings.audit = {"end_waits": False}
+    restart = of(sim.tick(1.0), Restart)
+    assert len(restart) == 1 and restart[0].delay == 0.0 and restart[0].regroup, restart
+    said = restart_reports(sim.view, restart[0])
+    assert [r.fields.get("error") for r in said] == ["audit: host h1 computed steps 100-200 wrongly"], said
+
+
+def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_host() -> None:
+    audit = {"mode": "every", "audited_steps": 1200, "committed_steps": 1600, "fraction": 0.75,
+             "verdicts": {"match": 3, "trainer": 1}, "off": None, "miscomputed": {"h1": 1}}
+    assert audit_lines(audit) == ["  audit (every): 1200 of 1600 committed steps replayed bit-equal (75.0%); verdicts: "
+                                  "match 3, trainer 1; computed wrongly (rolled back), by host: h1 1"]
+    assert audit_lines({}) == []
+    sim = Sim()
+    sim.view.findings.audit, sim.view.findings.miscomputed = audit, {"h1": 1}
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Snap:
+        def collect(self):  # type: ignore[no-untyped-def]
+            yield from spike_families(take_snapshot(sim.view, 1.0, 1000.0, 900.0, StepRate()))
+    registry.register(Snap())  # type: ignore[arg-type]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples}
+    assert samples[("procsv_audit_miscomputed_total", (("host", "h1"),))] == 1
+    assert samples[("procsv_audited_fraction", ())] == 0.75
+
+
+def test_replays_that_agree_and_miss_the_trainer_before_the_program_is_known_to_replay_wait_for_the_next_interval() -> None:
+    """A program whose state is not all in its checkpoint (a Keras Dropout layer under set_random_seed: its seed
+    generator restarts in every fresh process) replays the same way twice, never the trainer's way: two such
+    intervals running switch the audit off, nothing rolled back. A real fault (one wrong bit stays in the state:
+    the interval after it replays as the trainer ran it) is rolled back one interval later."""
+    def judge(book: AuditBook, *answers: Replay) -> object:
+        next_replay(book, False)
+        out = None
+        for a in answers:
+            out = replayed(book, a)
+        return out
+
+    inexact = AuditBook(mode=AuditMode.EVERY)
+    for s in (100, 200, 300):
+        committed(inexact, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    first = judge(inexact, BAD, BAD)
+    assert first.verdict == Verdict.UNDECIDED and first.rollback_before is None and not inexact.off
+    assert holds(inexact) == [100, 200, 300]  # (the candidate's start: where a confirmed fault rolls back)
+    second = judge(inexact, BAD, BAD)
+    assert second.verdict == Verdict.NONDETERMINISTIC and inexact.off and second.rollback_before is None
+    assert "do not replay from a checkpoint" in second.line and not any(
+        v.verdict == Verdict.TRAINER for v in inexact.verdicts)
+
+    fault = AuditBook(mode=AuditMode.SAMPLED)
+    for s in (100, 200, 300):
+        committed(fault, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert judge(fault, BAD, BAD).verdict == Verdict.UNDECIDED
+    assert [(i.start, i.end) for i in fault.queue] == [(200, 300)]  # (the next one, sampled or not)
+    confirmed = judge(fault, GOOD)
+    assert confirmed.verdict == Verdict.TRAINER and (confirmed.interval.start, confirmed.interval.end) == (100, 200)
+    assert confirmed.rollback_before == 101 and fault.exact and fault.audited_steps == 0
+
+    known = _book(steps=())  # once an interval the trainer ran on has matched, a mismatch is the trainer's at once
+    for s in (100, 200, 300):
+        committed(known, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(known, GOOD, GOOD)
+    assert known.exact and judge(known, BAD, BAD).verdict == Verdict.TRAINER
+
+    resumed = AuditBook(mode=AuditMode.EVERY)  # a restarted trainer's first interval: its start is a fresh process's
+    committed(resumed, 100, "/l/model.ckpt-100", eligible=True, attempt=1)
+    committed(resumed, 200, "/l/model.ckpt-200", eligible=True, attempt=2)
+    assert judge(resumed, BAD, BAD).verdict == Verdict.TRAINER
+
+    ends = AuditBook(mode=AuditMode.EVERY)  # the run ends with a candidate undecided: no verdict, nothing rolled back
+    for s in (100, 200):
+        committed(ends, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(ends, BAD, BAD)
+    assert not pending(ends)
+    left = ends.ended()
+    assert left.verdict == Verdict.UNAUDITED and left.rollback_before is None and ends.ended() is None
+
+
+def test_a_kind_of_program_not_audited_says_so_once_and_switches_the_audit_off() -> None:
+    """A TF1 graph program's auditor answers that it is not audited in this slice: once, not every interval."""
+    book = _book(steps=(100, 200, 300, 400))
+    next_replay(book, False)
+    judged = replayed(book, Replay((), "", "h", "a TF1 graph program or no state to save: not audited in this slice"))
+    assert judged.verdict == Verdict.UNAUDITED and book.off and "audit off for this launch" in judged.line
+    assert next_replay(book, False) is None and not pending(book)
+    assert holds(book) == []  # (the intervals it had queued are not kept past max_to_keep for ever)

@@ -1,0 +1,138 @@
+"""An agent's view of its master (issue 70, "the master is a host too": ``master_lost`` and ``master_probe_due``
+of ``procsv.watchdog.rules.hosts``), on made-up series: the beats an agent reads from node 0 and the answers node
+0's kernel gives to the agent's probes of its address, through the observation functions the agent's loop calls
+(``procsv.watchdog.multihost.masterseen``), turn after turn on a fake clock. Pure: no process, no socket.
+
+The same detector as node 0's of a silent agent (tests/test_host_loss_pure.py): a silent master host (no beat, no
+answer) or a launch gone (no beat, its port refusing: a reset counts as no answer here) is found within 0.5 s of
+its silence; a master whose loop is slow never is (stopped 200 ms every 3 s, starved of CPU, a 10 s stall): its
+kernel completes the handshakes, and only ``--node-timeout`` applies. Before, an agent stopped its members only
+once node 0 was silent for ``--node-timeout`` (15 s): its members stayed that long in a stale group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Callable, Optional
+
+from procsv.watchdog.multihost.masterseen import master_beat, master_probe_sent, master_probes_looked
+from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, SUSPECT_CAP, master_lost, master_probe_due
+from procsv.watchdog.rules.state import NodeView
+
+MASTER = "10.0.0.1:29400"
+TURN = 0.05  # the agent's loop turns this often (multihost.agent.TICK)
+
+
+def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = TURN,
+        node_timeout: float = 15.0, rtt: float = 0.001, probe: str = MASTER) -> Optional[tuple[float, str]]:
+    """The agent's turns every ``tick`` s until ``until``: the master's beats read at the times in ``beats`` (at
+    the first turn after each, as its loop reads them); a probe sent at ``t`` is answered ``rtt`` later if
+    ``kernel(t)`` is not None (True: a handshake, False: a reset), observed at the next turn. The first
+    ``(time, reason)`` the master is found lost, or None."""
+    master = NodeView(0, probe=probe)
+    answers: list[tuple[float, float, bool]] = []  # (when it arrives, the probe's send, a handshake)
+    b = 0
+    for i in range(int(until / tick) + 1):
+        now = round(i * tick, 6)
+        while b < len(beats) and beats[b] <= now:
+            master = master_beat(master, now)
+            b += 1
+        got = [a for a in answers if a[0] <= now]
+        answers = [a for a in answers if a[0] > now]
+        master = master_probes_looked(master, now, [(sent, handshake) for _, sent, handshake in got])
+        if master_probe_due(master, now):
+            master = master_probe_sent(master, now)
+            said = kernel(now)
+            if said is not None:
+                answers.append((now + rtt, now, said))
+        why = master_lost(master, now, node_timeout)
+        if why is not None:
+            return now, why
+    return None
+
+
+def steady(start: float, end: float, every: float = AGENT_BEAT_SECS, jitter: float = 0.005, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    out, t = [], start
+    while t < end:
+        out.append(round(t + rng.uniform(0, jitter), 6))
+        t += every
+    return out
+
+
+def alive(_: float) -> bool:
+    return True
+
+
+def test_a_master_host_whose_packets_are_dropped_is_found_lost_within_half_a_second() -> None:
+    for phase in (0.0, 0.03, 0.07, 0.099):
+        silent_at = 10.0 + phase
+        found = run(steady(0.0, silent_at), lambda t: True if t < silent_at else None, until=20)
+        assert found is not None, phase
+        assert found[0] - silent_at <= 0.5 and "no handshake" in found[1], (phase, found)
+
+
+def test_a_master_launch_gone_whose_port_refuses_is_found_lost_within_half_a_second() -> None:
+    """Node 0's launch SIGKILLed, its host up: the handshakes are refused (a reset). For node 0's view of an agent
+    a reset is an answer (its agent's port alone closed); for the agent's view of node 0 it is none."""
+    found = run(steady(0.0, 10.0), lambda t: True if t < 10.0 else False, until=20)
+    assert found is not None and found[0] - 10.0 <= 0.5, found
+
+
+def test_a_master_whose_loop_is_slow_is_never_lost() -> None:
+    """Stopped 200 ms every 3 s; starved (beats late by up to 0.4 s now and then); stalled 10 s: its kernel
+    answers the probes (up to 30 ms late), so it is never lost under --node-timeout 15."""
+    stopped = []
+    for t in steady(0.0, 120.0):
+        k = int(t // 3.0)
+        stop = (k * 3.0 + 1.0, k * 3.0 + 1.2)
+        stopped.append(stop[1] + 0.002 if stop[0] <= t < stop[1] else t)
+    stopped = sorted(set(stopped))
+    assert max(b - a for a, b in zip(stopped, stopped[1:])) > SUSPECT_CAP
+    rng = random.Random(7)
+    starved, t = [], 0.0
+    while t < 120.0:
+        t += AGENT_BEAT_SECS + (rng.uniform(0.1, 0.4) if rng.random() < 0.02 else rng.expovariate(1 / 0.01))
+        starved.append(round(t, 6))
+    stalled = steady(0.0, 30.0) + steady(40.0, 70.0)
+    for beats in (stopped, starved, stalled):
+        assert run(beats, alive, until=beats[-1], rtt=0.03) is None
+
+
+def test_a_frozen_master_or_one_never_proven_is_lost_at_the_node_timeout_only() -> None:
+    found = run(steady(0.0, 30.0), alive, until=60)
+    assert found is not None and 44.9 < found[0] < 45.3 and "--node-timeout 15" in found[1], found
+    for probe in (MASTER, ""):  # (a firewall dropping the probes: an unanswered one means nothing; no address)
+        found = run(steady(0.0, 5.0), lambda t: None, until=30, node_timeout=4.0, probe=probe)
+        assert found is not None and found[0] > 8.9 and "--node-timeout 4" in found[1], found
+
+
+def test_a_master_found_lost_is_not_found_lost_again_and_its_beats_back_clear_it() -> None:
+    master = NodeView(0, probe=MASTER)
+    for t in steady(0.0, 5.0):
+        master = master_beat(master, t)
+    assert master_lost(master, 25.0, 15.0) is not None
+    master = dataclasses.replace(master, lost_at=25.0)
+    assert master_lost(master, 26.0, 15.0) is None and not master_probe_due(master, 26.0)
+    gaps = list(master.gaps)
+    master = master_beat(master, 30.0)
+    assert master.lost_at is None and master.gaps == gaps  # (the gap across the loss is not learnt)
+
+
+def test_a_master_stopped_whole_for_14_s_is_probed_too_seldom_to_fill_its_sockets_backlog_and_a_silence_after_is_found() -> None:
+    """Node 0's launch SIGSTOPped 14 s (its ZeroMQ thread too: the probes' connections wait in its listening
+    socket's backlog, 100 by default, unaccepted; a full backlog answers no more): once its kernel answered in
+    this silence it is probed every second, about 20 probes in all (before: every 50 ms, ~280), so it is not lost
+    under --node-timeout 15. Its host going silent while it is suspected is still found within 1.5 s."""
+    beats = steady(0.0, 10.0) + steady(24.0, 40.0)
+    sent = []
+
+    def kernel(t: float) -> bool:
+        sent.append(t)
+        return True
+
+    assert run(beats, kernel, until=40) is None
+    assert len([t for t in sent if 10.0 <= t < 24.5]) <= 30, len(sent)
+    found = run(steady(0.0, 10.0), lambda t: True if t < 12.0 else None, until=30)
+    assert found is not None and found[0] - 12.0 <= 1.5, found
