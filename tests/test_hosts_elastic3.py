@@ -68,6 +68,7 @@ STEPS = 1500
 # of sleep at most; 60 s before, 2 x 1500 x 0.02), and each step paced or after is CPU in every member. At load 27
 # it reached step 193 (of 1,200) before its gate; before, it ran 1,665 steps of a group of two after its gate
 THREE_STEPS, PACE = 600, "0.06"
+PARTITION_PACE = "0.1"  # the partition run's (below)
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 # a silent host (its packets dropped) found lost within this, from the drop and in silent_secs (rule 12's fast
 # path: 0.2-0.45 s, docs/guarantees.md; 1.5 s: margin for node 0's loop on a loaded machine, and half the
@@ -152,9 +153,11 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
     gate, fast = paced(tmp_path)
-    # (paced as the three hosts' run: 36 s of sleep at most, 30 before at 1,500 x 0.02, with a third of the
-    # steps, each of which, paced or after the gate, is CPU in both members)
-    args = (*ARGS, "--steps", str(THREE_STEPS), "--step-delay", PACE, *fast)
+    # (the three hosts' run's steps, each of which, paced or after the gate, is CPU in both members, paced at
+    # PARTITION_PACE: 60 s of sleep at most. At PACE's 36 s, CI's load once had node 1 join late, taken back at
+    # step 472, and the 128 steps left ran out 8 s into the partition: the job ended before node 1 could be
+    # taken back again. The slower pace costs no CPU and, quiet, no wall time: the waits end on events)
+    args = (*ARGS, "--steps", str(THREE_STEPS), "--step-delay", PARTITION_PACE, *fast)
     # the agent first, waiting for node 0's job, so that its own start does not count against the first
     # group's --rejoin-timeout 5 (at load 15 it once did: the group started on node 0 alone)
     a1 = agent_on(NS, 1, logdir, addr, *args, opts=opts if same_flags else ("--nnodes", "2"), target=PACED)
