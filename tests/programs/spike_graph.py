@@ -23,6 +23,10 @@
                           (supervisor) the spike rule's window and minimum history (procsv.SpikeThresholds);
                           the monitored mode uses the rule's defaults (200, 100)
     --step-delay S        seconds each step's batch takes to draw (default 0.01; none in the plain mode)
+    --wait-commit N       (supervisor) once past step N + 1, wait (at most 400 s, marked: ``sv.waiting()``) until
+                          a checkpoint of step N or later is committed (``tf.train.latest_checkpoint``): the
+                          checkpoint a later rollback restores is the one due at N, or taken a boundary or two
+                          late (a service that starts or commits slowly at load ruled out, not left to chance)
     --kill-at N --kill-file F
                           when the run of step N comes after step --kill-after-skip's batch was drawn twice
                           (first run and its replay) and F does not exist: write this process's pid to F and
@@ -63,6 +67,7 @@ p.add_argument("--step-delay", type=float, default=0.01)
 p.add_argument("--kill-at", type=int, default=None)
 p.add_argument("--kill-after-skip", type=int, default=None)
 p.add_argument("--kill-file", default=None)
+p.add_argument("--wait-commit", type=int, default=None)
 p.add_argument("--logdir", default=None)
 args = p.parse_args()
 
@@ -92,6 +97,21 @@ def batch(s: np.int64) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def wait_for_commit(sv: procsv.Supervisor, sess: tf.compat.v1.Session, step: int) -> None:
+    """Until the newest committed checkpoint is of ``step`` or later (at most 400 s), running only the global
+    step meanwhile (a run that is no step: the step boundary's work, a save put off behind a commit in flight
+    among it, goes on at it)."""
+    def committed() -> int:
+        path = tf.train.latest_checkpoint(sv.logdir)
+        return int(path.rsplit("-", 1)[1]) if path else -1
+
+    deadline = time.monotonic() + 400
+    with sv.waiting():
+        while committed() < step and time.monotonic() < deadline:
+            time.sleep(0.05)
+            sess.run(gs)
+
+
 graph = tf.Graph()
 with graph.as_default():
     gs = tf.compat.v1.train.get_or_create_global_step()
@@ -115,6 +135,9 @@ with graph.as_default():
             while not sv.should_stop() and (sv.step < args.steps if args.runs is None else runs < args.runs):
                 sess.run([train_op, loss], feed_dict=dict(zip((x, y), batch(runs + 1))) if args.feed_counter else None)
                 runs += 1
+                if args.wait_commit is not None and sv.step > args.wait_commit + 1:
+                    wait_for_commit(sv, sess, args.wait_commit)
+                    args.wait_commit = None  # (once)
         print(f"spike_graph: ended at step {sv.step}", flush=True)
     elif args.mode == "monitored":
         with procsv.train.MonitoredTrainingSession(
