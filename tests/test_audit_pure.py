@@ -10,11 +10,13 @@ from test_watchdog_decide import Sim, of
 from procsv.services.checkpoint.policy import retention
 from procsv.status import audit_lines
 from procsv.watchdog.actionlines import restart_reports
-from procsv.watchdog.audit.verdict import (END_WAIT_SECS, SAMPLE_EVERY, AuditBook, AuditMode, Replay, Verdict,
-                                           committed, end_wait, holds, next_replay, pending, replayed, rolled_back)
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay,
+                                           Verdict, committed, end_wait, holds, next_replay, pending, replayed,
+                                           rollback, rolled_back)
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
 from procsv.watchdog.rules.actions import Finish, Restart
+from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.rules.state import TRAINER
 
 GOOD = Replay((), "aaaa", "auditor-host")
@@ -140,8 +142,13 @@ def test_the_run_does_not_finish_while_the_audit_is_pending_and_a_late_verdict_r
     sim.dies(TRAINER, 0)
     assert of(sim.tick(1.0), Finish) == []  # its last intervals' verdicts first
     trainer = sim.trainer
-    trainer.regroup = True  # (what the executor does)
-    sim.view.findings.audit_rollbacks[trainer.attempt] = "audit: host h1 computed steps 100-200 wrongly"
+    book = _book()
+    next_replay(book, False), replayed(book, BAD), next_replay(book, False)
+    judged = replayed(book, BAD)  # (two replays that agree, not with the trainer)
+    rb = rollback(judged, trainer.attempt, trainer.live, True, sim.view.finishing, 250, "h1")
+    assert rb == AuditRollback(trainer.attempt, 101, 250, True, "audit: host h1 computed steps 100-200 wrongly"), rb
+    note_audit_rollback(sim.view, rb)  # (what the executor does with it)
+    assert trainer.regroup and sim.view.rollback_before == (101, 250, trainer.attempt)
     sim.view.findings.audit = {"end_waits": False}
     restart = of(sim.tick(1.0), Restart)
     assert len(restart) == 1 and restart[0].delay == 0.0 and restart[0].regroup, restart
@@ -229,3 +236,19 @@ def test_a_kind_of_program_not_audited_says_so_once_and_switches_the_audit_off()
     assert judged.verdict == Verdict.UNAUDITED and book.off and "audit off for this launch" in judged.line
     assert next_replay(book, False) is None and not pending(book)
     assert holds(book) == []  # (the intervals it had queued are not kept past max_to_keep for ever)
+
+
+def test_a_trainer_verdict_rolls_back_a_running_or_finished_trainer_and_nothing_else_does() -> None:
+    book = _book()
+    next_replay(book, False), replayed(book, BAD), next_replay(book, False)
+    trainer_fault = replayed(book, BAD)
+    rb = rollback(trainer_fault, 3, True, False, False, 180, "h1")
+    assert rb == AuditRollback(3, 101, 200, False, "audit: host h1 computed steps 100-200 wrongly"), rb  # stale: the end
+    assert rollback(trainer_fault, 3, False, False, False, 180, "h1") is None  # a trainer being restarted
+    assert rollback(trainer_fault, None, False, False, False, 180, "h1") is None  # no trainer
+    assert rollback(trainer_fault, 3, True, False, True, 180, "h1") is None  # the run finishing
+    book = _book(steps=(100, 200, 300))
+    next_replay(book, False), replayed(book, GOOD), replayed(book, GOOD)  # (the first interval, replayed twice)
+    next_replay(book, False), replayed(book, BAD)
+    auditor_fault = replayed(book, GOOD)
+    assert auditor_fault.verdict == Verdict.AUDITOR and rollback(auditor_fault, 3, True, False, False, 180, "h1") is None

@@ -6,10 +6,10 @@ drains (:meth:`Auditors.heard`: the commits, :class:`~procsv.ipc.messages.SaveRe
 without an answer, the next one to fork). What to replay and what an answer means are
 :mod:`procsv.watchdog.audit.verdict`'s (pure); here they are acted on: an auditor is forked from the zygote
 (never fresh: an auditor is worth only spare CPU), a verdict is recorded (an ``audit`` lifecycle record, a
-line), and a trainer verdict rolls the trainer back: the rollback's bound is set (``RunView.rollback_before``,
-as a group's rollback sets it: every trainer started until a commit past the superseded ones restores a
-checkpoint before it) and the trainer is SIGKILLed (no emergency checkpoint of a wrong state), which rule 1
-restarts at once, not as a failure (``Cause.AUDIT``); a trainer that had finished (``--audit every`` waits
+line), and a trainer verdict rolls the trainer back as :func:`~procsv.watchdog.audit.verdict.rollback` decides:
+the rollback's bound is noted (:func:`~procsv.watchdog.rules.bookkeeping.note_audit_rollback`:
+``RunView.rollback_before``, as a group's rollback sets it) and the trainer is SIGKILLed (no emergency
+checkpoint of a wrong state), which rule 1 restarts at once, not as a failure (``Cause.AUDIT``); a trainer that had finished (``--audit every`` waits
 for its last verdicts: ``Findings.audit["end_waits"]``, bounded by ``END_WAIT_SECS``) is restarted the same way.
 The checkpoints the audit needs (:func:`~procsv.watchdog.audit.verdict.holds`) are told to the checkpoint
 service (:class:`~procsv.ipc.messages.AuditHold`) whenever they change and whenever a service says hello:
@@ -24,8 +24,9 @@ from typing import Callable, Optional
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditResult, Hello, Message, Role, SaveResult
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           end_wait, holds, next_replay, pending, replayed, rolled_back)
+                                           end_wait, holds, next_replay, pending, replayed, rollback, rolled_back)
 from procsv.watchdog.executor import Executor
+from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.actions import Cause, Kill
 from procsv.watchdog.rules.state import AUDITOR, TRAINER, ChildView, RunView
@@ -129,29 +130,24 @@ class Auditors:
         if judged is None:
             return  # a second replay of the same interval: forked at the next round
         self.report([_record(judged, self.host, self.attempt)])
-        if judged.verdict != Verdict.TRAINER:
-            return
         trainer = self.view.children.get(TRAINER)
-        before = judged.rollback_before
         finished = self._finished()
-        if trainer is None or not (trainer.live or finished is not None) or self.view.finishing or before is None:
+        rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
+                      finished is not None, self.view.finishing, self.view.commit_step, self.host)
+        if rb is None:
             return
         if self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
                                                      "limit": self.view.findings.suspect_after, "step": judged.interval.end},
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
-        # the newest step committed by the timeline rolled back, and its attempt: the bound stays until a later
-        # attempt commits past it (observe.rollback_bound), every start meanwhile restores a checkpoint before it
-        self.view.rollback_before = (before, max(self.view.commit_step, judged.interval.end), trainer.attempt)
+        note_audit_rollback(self.view, rb)
         rolled_back(self.book, judged)
-        self.view.findings.audit_rollbacks[trainer.attempt] = f"audit: host {self.host} computed steps {judged.interval.start}-{judged.interval.end} wrongly"
-        if finished is not None:  # it finished before the verdict: restarted from the interval's start all the same
-            trainer.regroup = True  # (as the kill's bookkeeping marks it: rule 1 restarts it at once, not a failure)
+        if rb.finished:  # it finished before the verdict: restarted from the interval's start all the same
             self.report([Report(say=f"procsv: audit: the trainer had finished; it trains again from step "
                                     f"{judged.interval.start}", err=True)])
         else:
-            self.ex.perform(Kill(TRAINER, trainer.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
+            self.ex.perform(Kill(TRAINER, rb.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
         self._hold()
         self._publish()
 

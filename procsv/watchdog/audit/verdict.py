@@ -104,6 +104,20 @@ class Judged:
         return self.interval.start + 1 if self.verdict == Verdict.TRAINER else None
 
 
+@dataclass(frozen=True)
+class AuditRollback:
+    """A trainer verdict acted on (:func:`rollback`): trainer ``attempt`` restores the newest state before step
+    ``before``, a bound that holds until a later attempt commits past ``stale`` (the newest step committed by
+    the timeline rolled back); ``finished``: that trainer had finished (restarted, not killed); ``why``: the
+    restart's reason, as the lifecycle and ``procsv report`` say it."""
+
+    attempt: int
+    before: int
+    stale: int
+    finished: bool
+    why: str
+
+
 @dataclass
 class AuditBook:
     """What the audit of this launch knows: the mode, the last commit seen, the intervals waiting, the one
@@ -295,3 +309,16 @@ def next_replay(book: AuditBook, auditor_running: bool) -> Optional[Interval]:
 def replayed(book: AuditBook, replay: Replay) -> Optional[Judged]:
     """:meth:`AuditBook.replayed`."""
     return book.replayed(replay)
+
+
+def rollback(judged: Judged, attempt: Optional[int], live: bool, finished: bool, finishing: bool, commit_step: int,
+             host: str) -> Optional[AuditRollback]:
+    """What a verdict does to the trainer (``attempt``, None: none; ``live``: running; ``finished``: ended with 0,
+    its end waiting for the audit), the run ``finishing`` or not, ``commit_step`` the newest step committed: a
+    trainer verdict rolls a running or finished trainer back to the interval's start (:class:`AuditRollback`);
+    anything else, or a run already finishing, rolls nothing back (None)."""
+    before = judged.rollback_before
+    if attempt is None or not (live or finished) or finishing or before is None:
+        return None
+    return AuditRollback(attempt, before, max(commit_step, judged.interval.end), finished,
+                         f"audit: host {host} computed steps {judged.interval.start}-{judged.interval.end} wrongly")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
+from procsv.watchdog.audit.verdict import AuditRollback
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
@@ -180,6 +181,19 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         if action.failed:
             view.standby_failures += 1
             view.standby_after = now + standby.backoff(view.standby_failures)
+
+
+def note_audit_rollback(view: RunView, rb: AuditRollback) -> None:
+    """What an audit's rollback (:func:`procsv.watchdog.audit.verdict.rollback`) changes in the view: the
+    rollback's bound, as a group's rollback sets it (every trainer started until a later attempt commits past
+    ``rb.stale`` restores a checkpoint before ``rb.before``: :func:`procsv.watchdog.observe.rollback_bound`
+    lifts it), the restart's reason, and a trainer that had finished marked to restart at once, not as a
+    failure (a running one is killed with :attr:`Cause.AUDIT`, which :func:`note` marks so)."""
+    view.rollback_before = (rb.before, rb.stale, rb.attempt)
+    view.findings.audit_rollbacks[rb.attempt] = rb.why
+    trainer = find(view, TRAINER, rb.attempt)
+    if rb.finished and trainer is not None:
+        trainer.regroup = True
 
 
 def next_rollback_bound(bound: Optional[tuple[int, int, int]], skip: int, stale: int,
