@@ -19,6 +19,7 @@ from typing import Callable, Optional
 from procsv.watchdog.multihost.masterseen import master_beat, master_probe_sent, master_probes_looked
 from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, SUSPECT_CAP, master_lost, master_probe_due
 from procsv.watchdog.rules.state import NodeView
+from test_host_loss_pure import alive, steady
 
 MASTER = "10.0.0.1:29400"
 TURN = 0.05  # the agent's loop turns this often (multihost.agent.TICK)
@@ -50,19 +51,6 @@ def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: fl
         if why is not None:
             return now, why
     return None
-
-
-def steady(start: float, end: float, every: float = AGENT_BEAT_SECS, jitter: float = 0.005, seed: int = 0) -> list[float]:
-    rng = random.Random(seed)
-    out, t = [], start
-    while t < end:
-        out.append(round(t + rng.uniform(0, jitter), 6))
-        t += every
-    return out
-
-
-def alive(_: float) -> bool:
-    return True
 
 
 def test_a_master_host_whose_packets_are_dropped_is_found_lost_within_half_a_second() -> None:
