@@ -433,11 +433,13 @@ def seed_example_restores(logdir: str, step: int) -> None:
     assert (float(w.numpy()), float(b.numpy())) == pytest.approx(weights_after(step), rel=1e-5)
 
 
-def final_weights(logdir: str) -> dict[str, Any]:
-    """Every variable of the newest checkpoint of a digits run (read with plain TF), but save_counter."""
+def final_weights(logdir: str, step: Optional[int] = None) -> dict[str, Any]:
+    """Every variable of the newest checkpoint of a digits run (read with plain TF), but save_counter; with
+    ``step``, of its checkpoint of that step (``model.ckpt-<step>``)."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(logdir))
+    path = tf.train.latest_checkpoint(logdir) if step is None else os.path.join(logdir, f"model.ckpt-{step}")
+    reader = tf.train.load_checkpoint(path)
     # model weights are saved once, under the optimizer's _trainable_variables; slots and step too
     return {k: reader.get_tensor(k) for k in sorted(reader.get_variable_to_shape_map())
             if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from conftest import REPO, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, wait_for, wait_role_pid
@@ -65,6 +65,20 @@ def restores_with_plain_tf(logdir: str) -> int:
 # the runs the killed groups are compared with end here: a group step costs ~11 ms of CPU (both members), and
 # 400 steps leave each test's kills (the last by step ~280) a margin to land before the run's end
 CLEAN_STEPS = "400"
+# and its checkpoint of this step, for a killed group of that many steps (a save changes no weight)
+CLEAN_HALF = 200
+
+
+def _clean_group_run(shared_result: Callable[[str, Callable[[str], None]], str]) -> str:
+    def produce(folder: str) -> None:
+        # (no sleep after each step, which changes no weight: ~0.6 CPU-s and 2 s sooner; no checkpoint by the
+        # clock, only those of CLEAN_HALF and the end)
+        code, out, err = finish(launch(folder, *ARGS, "--steps", CLEAN_STEPS, "--step-delay", "0",
+                                       "--save-model-secs", "1000", "--save-checkpoint-steps", str(CLEAN_HALF),
+                                       opts=GROUP + NO_STANDBY))
+        assert code == 0, err
+
+    return shared_result(f"group-clean-{CLEAN_STEPS}", produce)
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +86,15 @@ def clean_group(shared_result):
     """The final weights of an uninterrupted group run of CLEAN_STEPS steps (made once, shared)."""
     from conftest import final_weights
 
-    def produce(folder: str) -> None:
-        # (no sleep after each step, which changes no weight: ~0.6 CPU-s and 2 s sooner)
-        code, out, err = finish(launch(folder, *ARGS, "--steps", CLEAN_STEPS, "--step-delay", "0",
-                                       opts=GROUP + NO_STANDBY))
-        assert code == 0, err
+    return final_weights(_clean_group_run(shared_result))
 
-    return final_weights(shared_result(f"group-clean-{CLEAN_STEPS}", produce))
+
+@pytest.fixture(scope="module")
+def clean_group_half(shared_result):
+    """The weights of the same run at step CLEAN_HALF: those of an uninterrupted group run of CLEAN_HALF steps."""
+    from conftest import final_weights
+
+    return final_weights(_clean_group_run(shared_result), CLEAN_HALF)
 
 
 def printed_steps(logdir: str, log: str) -> list[int]:
@@ -90,12 +106,13 @@ def printed_steps(logdir: str, log: str) -> list[int]:
         return []
 
 
-def sigkill_mid_interval(logdir: str, role: str, log: str, after: int) -> int:
-    """SIGKILL ``role`` once its log shows a step past ``after`` 10-25 steps into an in-memory
-    interval (its newest snapshot handed over by then, the next one far); the step seen."""
+def sigkill_mid_interval(logdir: str, role: str, log: str, after: int, k: int = K) -> int:
+    """SIGKILL ``role`` once its log shows a step past ``after`` a fifth to a half into an in-memory
+    interval of ``k`` steps (10-25 steps into one of K: its newest snapshot handed over by then, the next
+    one far); the step seen."""
     def seen() -> int:
         steps = printed_steps(logdir, log)
-        return steps[-1] if steps and steps[-1] >= after and 10 <= steps[-1] % K <= 25 else 0
+        return steps[-1] if steps and steps[-1] >= after and k // 5 <= steps[-1] % k <= k // 2 else 0
 
     step = wait_for(seen, 180, interval=0.02, what=f"{log} past step {after}, mid-interval")
     os.kill(wait_role_pid(logdir, role), signal.SIGKILL)

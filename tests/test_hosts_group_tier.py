@@ -21,23 +21,39 @@ import pytest
 
 from conftest import finish, lifecycle, quiet_env, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
-from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, final_weights_of, group_started, member_restores,
+from test_group import (CLEAN_HALF, K, SLOW, assert_bit_equal, clean_group_half, final_weights_of, group_started,
+                        member_restores,
                         printed_steps, restored_from_disk_once, restores_with_plain_tf,
                         sigkill_mid_interval, sigkill_the_chief_past_a_disk_save)
 from test_hosts import HOST1_IP, agent, events, host_pids, hosts
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group", "hosts"]  # fixtures, used by name
+__all__ = ["clean_group_half", "hosts"]  # fixtures, used by name
+
+# the two runs below that kill their group several times take their in-memory snapshots every SNAP_K steps
+# (PROCSV_GROUP_SNAPSHOT_STEPS in the environment of node 0's launch and of every agent), not K, 50 by default:
+# their kills, placed in intervals, come sooner and the runs are shorter (each step is CPU in every member, and
+# in the run they are compared with; snapshots as often change no weight). Paced until their last restarted
+# group's first step, each step followed by a sleep of SNAP_PACE: an interval of SNAP_K steps lasts about as
+# long as one of K did at SLOW's 0.02 s (20 steps of four members, 2.8 s quiet), so the margins the premises
+# count in intervals (a kill landing late, the copies on their way, the run's end) are about as long in seconds.
+# The sleep costs only what the launches burn idle, ~0.05 CPU-s a second for two members, ~0.1 for four
+SNAP_K = 20
+SNAP_PACE = "0.1"
 
 
-def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int) -> None:
-    """``record`` (attempt ``attempt``'s restore) is the group's in-memory snapshot of a K-th step at
+def snap_env() -> dict[str, str]:
+    return quiet_env(PROCSV_GROUP_SNAPSHOT_STEPS=str(SNAP_K))
+
+
+def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int, k: int = K) -> None:
+    """``record`` (attempt ``attempt``'s restore) is the group's in-memory snapshot of a ``k``-th step at
     most one interval behind ``seen`` (the last step a member printed before the kill), the same step
     on every member, and host 1's member restored it from its peer copy."""
-    assert record["source"] == "peer" and record["step"] % K == 0, record
+    assert record["source"] == "peer" and record["step"] % k == 0, record
     assert record["path"] == f"the group's in-memory snapshot of step {record['step']}"
-    assert 0 < seen + 1 - record["step"] <= K + 1, (seen, record)
+    assert 0 < seen + 1 - record["step"] <= k + 1, (seen, record)
     assert member_restores(logdir, attempt) == [record["step"]] * 2  # every member the same step
     with open(os.path.join(logdir, "logs", f"worker1.{attempt}.log")) as fh:
         assert f"procsv: member 1 restored step {record['step']} from its peer copy on node 0" in fh.read()
@@ -80,32 +96,34 @@ def member_keys(logdir: str) -> list[dict[str, Any]]:
 
 
 def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_the_group_from_the_peer_copies_bit_equal_and_each_killed_members_key_file_is_removed(  # noqa: E501
-        hosts, logdir, tmp_path, clean_group):
+        hosts, logdir, tmp_path, clean_group_half):
     # one run, two things of host 1's members SIGKILLed (before, two runs of their own):
     # the peer copies (issue 54 point 2): before, a group over hosts took no in-memory snapshots (K = 0):
     # each restart restored the last disk checkpoint (none here before the end: step 0). Now node 0's
     # checkpoint service holds host 1's member's copies: worker1 SIGKILLed mid-interval three times, then
     # host 1 (its agent and its member) SIGKILLed mid-interval and a new agent launched: each restarted
-    # group restores a K-th step from memory on both members, host 1's from its peer copy, and the run
-    # ends bit-equal to an uninterrupted group.
+    # group restores a K-th step (K = SNAP_K) from memory on both members, host 1's from its peer copy, and
+    # the run ends bit-equal to an uninterrupted group.
     # the key files: a member of host 1 files a CURVE key for node 0's checkpoint service and removes it
     # only at an orderly exit: before, each SIGKILL left its file until the launch ended (one more per
     # restart). Now node 0 removes the files of the attempts that are over: after each of the three kills
     # of worker1, once the next group runs, the folder holds only the live member's file, of its attempt
     gate, fast = paced(tmp_path)  # digits paced until the host's restarted group, then its steps left at once
-    master, first, addr = two_hosts(logdir, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED)
+    args, env = (*SLOW, "--step-delay", SNAP_PACE, "--steps", str(CLEAN_HALF), *fast), snap_env()
+    master, first, addr = two_hosts(logdir, *args, env=env, agent_env=env, target=PACED)
     second = None
     kills: list[int] = []
     counts = []
     try:
         group_started(logdir, 1)
         wait_for(lambda: len(member_keys(logdir)) == 1, 60, what="worker1.1's key filed")
-        # (clean_group's steps, 400: the first kill past step 50, the host's by step 325, 75 before the end as
-        # before: 500 steps and the first kill past 150 until clean_group's run was cut to 400)
-        after, killed = 50, set()
+        # (clean_group_half's steps, 200: the first kill past step SNAP_K, each next one SNAP_K + 10 past the one
+        # before, the host's by step 150, 50 before the end. With K, 50: 400 steps, the first kill past 50, the
+        # host's by step 325, 75 before the end)
+        after, killed = SNAP_K, set()
         for attempt in range(1, 4):
             killed.add(wait_role_pid(logdir, "worker1"))
-            kills.append(sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after))
+            kills.append(sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after, SNAP_K))
             group_started(logdir, attempt + 1)
 
             def only_the_live_members() -> list[dict[str, Any]]:
@@ -116,19 +134,20 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
                                                               f"(have {member_keys(logdir)}; killed {killed})")
             assert live["attempt"] == attempt + 1, live
             counts.append(len(member_keys(logdir)))
-            after = kills[-1] + 60
+            after = kills[-1] + SNAP_K + 10
         again = wait_for(lambda: starts(logdir)[3:], 60, what="attempt 4's start")[0]["step"]
 
         def mid_interval() -> int:
             steps = printed_steps(logdir, "worker1.4")
-            return steps[-1] if steps and steps[-1] >= again + 60 and 10 <= steps[-1] % K <= 25 else 0
+            return (steps[-1] if steps and steps[-1] >= again + SNAP_K + 10
+                    and SNAP_K // 5 <= steps[-1] % SNAP_K <= SNAP_K // 2 else 0)
 
         kills.append(wait_for(mid_interval, 180, interval=0.02, what="worker1.4 mid-interval"))
         for pid in host_pids():  # the whole host goes: its agent and its member
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
         wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
-        second = agent(logdir, addr, *SLOW, "--steps", CLEAN_STEPS, *fast, target=PACED)
+        second = agent(logdir, addr, *args, env=env, target=PACED)
         group_started(logdir, 5)
     finally:
         unpace(gate)
@@ -146,11 +165,11 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
             before = [r for r in records[:records.index(record)] if r.get("event") == "checkpoint_committed"]
             assert before and before[-1]["reason"] == "preempted" and record["step"] == before[-1]["step"], record
             continue
-        restored_from_memory(logdir, attempt, record, seen)
+        restored_from_memory(logdir, attempt, record, seen, SNAP_K)
     assert [r["source"] for r in restored].count("peer") >= 1, restored
     assert {(r["node"], r["host"]) for r in events(logdir, "node_joined")} == {(1, HOST1_IP)}
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    assert_bit_equal(logdir, clean_group)
+    assert_bit_equal(logdir, clean_group_half)
 
 
 def test_a_peer_copy_beyond_node_0s_limit_is_refused_said_recorded_and_the_group_restores_from_disk(
@@ -195,7 +214,8 @@ def starts(logdir: str) -> list[dict[str, Any]]:
 def clean_four(hosts, shared_result):
     """The final weights of an uninterrupted two-host group of four (``--nproc 2 --nnodes 2``: the
     chief and worker1 on node 0, worker2 and worker3 on host 1) of FOUR_STEPS steps (made once, shared; no
-    --step-delay: a sleep after each step, which changes no weight)."""
+    --step-delay: a sleep after each step, which changes no weight; and the default K: how often the group
+    takes its in-memory snapshots changes no weight either)."""
     def produce(folder: str) -> None:
         with two_hosts_ending_well(folder, *SLOW, "--steps", str(FOUR_STEPS), "--step-delay", "0", nproc=2):
             pass
@@ -203,10 +223,10 @@ def clean_four(hosts, shared_result):
     return final_weights_of(shared_result(f"group-two-hosts-four-{FOUR_STEPS}", produce))
 
 
-# the random run's steps: each of its four kills comes at most 2K steps past its group's restore, the last one
-# by step 400; then the fifth group runs to the end (each step past that is CPU in four members, here and in
-# the reference run: 600 before)
-FOUR_STEPS = 500  # (450 left ~50 steps after a fourth kill that can come at step 400: 100 now)
+# the random run's steps: each of its four kills comes at most 2 * SNAP_K steps past its group's restore, the last
+# one by step 160; then the fifth group runs to the end. Each step is CPU in four members, here and in the
+# reference run (with K, 50: kills 60-100 steps past each restore, 500 steps; 600 before)
+FOUR_STEPS = 200  # (40 steps left after a fourth kill that can come at step 160, 2 * SNAP_K as before)
 
 
 MEMBERS = ("trainer", "worker1", "worker2", "worker3")  # --nproc 2 --nnodes 2: ranks 0-1 on node 0, 2-3 on host 1
@@ -216,19 +236,21 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         hosts, logdir, tmp_path, clean_four):
     # issue 54 point 6 over two hosts: a group of four (two members a host) loses a member of host 1
     # (worker2 or worker3, drawn), node 0's other member (worker1), the chief, and host 1 whole (its
-    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step 60-100
-    # past its group's restore. Every restarted group restores one K-th step on all four members from
-    # memory, host 1's from their peer copies on node 0 (a host lost: from the peer copies, never disk),
-    # and the run ends bit-equal to an uninterrupted two-host group. The seed is in every failure message
+    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step K + 10 to 2K
+    # past its group's restore (K = SNAP_K, 20: 30-40 steps). Every restarted group restores one K-th step on
+    # all four members from memory, host 1's from their peer copies on node 0 (a host lost: from the peer
+    # copies, never disk), and the run ends bit-equal to an uninterrupted two-host group. The seed is in every
+    # failure message
     import random
 
     seed = random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
     kinds = (rng.choice(("worker2", "worker3")), "worker1", "trainer", "host")
-    plan = [(kind, rng.randint(K + 10, 2 * K)) for kind in rng.sample(kinds, 4)]
+    plan = [(kind, rng.randint(SNAP_K + 10, 2 * SNAP_K)) for kind in rng.sample(kinds, 4)]
     why = f"seed {seed}, kills (kind, steps past the restore) {plan}"
     gate, fast = paced(tmp_path)  # digits paced until the fourth restarted group's first step, then at once
-    master, node1, addr = two_hosts(logdir, *SLOW, "--steps", str(FOUR_STEPS), *fast, nproc=2, target=PACED)
+    args, env = (*SLOW, "--step-delay", SNAP_PACE, "--steps", str(FOUR_STEPS), *fast), snap_env()
+    master, node1, addr = two_hosts(logdir, *args, env=env, agent_env=env, nproc=2, target=PACED)
     agents = [node1]
     seen: list[int] = []
     try:
@@ -247,8 +269,7 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
                         os.kill(pid, signal.SIGKILL)
                     agents[-1].wait(10)
                     wait_for(lambda: len(events(logdir, "node_lost")) == 1, 30, what="the host to be found lost")
-                    agents.append(agent(logdir, addr, *SLOW, "--steps", str(FOUR_STEPS), *fast, opts=("--nproc", "2"),
-                                        target=PACED))
+                    agents.append(agent(logdir, addr, *args, opts=("--nproc", "2"), env=env, target=PACED))
                 else:
                     os.kill(wait_role_pid(logdir, kind), signal.SIGKILL)
                 wait_for(lambda: len(events(logdir, "restarting")) >= attempt, 60, what=f"restart {attempt}")
@@ -273,9 +294,9 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
                 assert last - 1 <= record["step"] <= last, (kind, record, last)
                 continue
             # memory, host 1's members from their peer copies: at most one interval plus the copies on their way
-            assert record["source"] == "peer" and record["step"] % K == 0, (kind, record)
+            assert record["source"] == "peer" and record["step"] % SNAP_K == 0, (kind, record)
             assert record["path"] == f"the group's in-memory snapshot of step {record['step']}", record
-            assert 0 < last - record["step"] <= 2 * K, (kind, last, record)
+            assert 0 < last - record["step"] <= 2 * SNAP_K, (kind, last, record)
             for rank in (2, 3):
                 with open(os.path.join(logdir, "logs", f"worker{rank}.{attempt}.log")) as fh:
                     assert f"procsv: member {rank} restored step {record['step']} from its peer copy on node 0" \
