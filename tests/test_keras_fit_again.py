@@ -15,6 +15,7 @@ three found by an attack). Also a fit after a completed fit (fit, then fit more 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -262,14 +263,41 @@ def test_a_fit_that_raised_after_a_completed_fit_of_the_same_model_resumes_where
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
 
 
-def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(short_tmp):
+def _finetune_keras(folder: str) -> None:
+    """The tutorial under Keras's own BackupAndRestore, uninterrupted: its weights ``keras.npz``, its
+    stdout ``keras.stdout``, its exit code and stderr ``keras.code`` and ``keras.stderr``."""
+    done = run_python([FINETUNE, "keras", os.path.join(folder, "keras.npz"), "--backup", os.path.join(folder, "keras")],
+                      env=quiet_env(), timeout=120)
+    for ext, text in (("code", str(done.returncode)), ("stdout", done.stdout), ("stderr", done.stderr)):
+        with open(os.path.join(folder, f"keras.{ext}"), "w") as fh:
+            fh.write(text)
+
+
+@pytest.fixture
+def finetune_keras(shared_result) -> tuple[Any, str]:
+    """(its exit code, stdout and stderr as run_python's result, the folder of its keras.npz): the Keras side of the tutorial, made once per
+    session for the two tests below (each ran its own before; the same program, arguments and seeds)."""
+    folder = shared_result("keras-finetune-keras", _finetune_keras)
+
+    def read(ext: str) -> str:
+        with open(os.path.join(folder, f"keras.{ext}")) as fh:
+            return fh.read()
+
+    return SimpleNamespace(returncode=int(read("code")), stdout=read("stdout"), stderr=read("stderr")), folder
+
+
+def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(short_tmp, finetune_keras):
     # freeze, fit, unfreeze, a new optimizer, fit more from history.epoch[-1]: before, the second fit restored
     # the first's checkpoint into the changed structure and raised MismatchedCheckpoint ("base/kernel")
     runs = {}
     for side in ("keras", "procsv"):
-        out = os.path.join(short_tmp, f"{side}.npz")
-        done = run_python([FINETUNE, side, out, "--backup", os.path.join(short_tmp, side)], env=quiet_env(),
-                          timeout=120)
+        if side == "keras":
+            done, folder = finetune_keras
+            out = os.path.join(folder, "keras.npz")
+        else:
+            out = os.path.join(short_tmp, f"{side}.npz")
+            done = run_python([FINETUNE, side, out, "--backup", os.path.join(short_tmp, side)], env=quiet_env(),
+                              timeout=120)
         assert done.returncode == 0, done.stderr
         lines = [line for line in done.stdout.splitlines() if line.startswith("fit ")]
         assert lines == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [2, 3, 4, 5]"], (side, done.stdout)
@@ -278,7 +306,8 @@ def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(sho
     assert all(a.tobytes() == b.tobytes() for a, b in zip(runs["keras"], runs["procsv"]))  # as Keras' own
 
 
-def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_after_the_restart(short_tmp):
+def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_after_the_restart(short_tmp,
+                                                                                               finetune_keras):
     # found by an attack: SIGKILL after fit 1 returned (its final checkpoint committed), before fit 2's first
     # checkpoint. The rerun's fit 1 restored its own end and trained nothing, and its History was empty:
     # history.epoch[-1] raised IndexError at every restart (under procsv launch: a start-up crash loop)
@@ -286,7 +315,7 @@ def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_af
         return run_python([FINETUNE, side, os.path.join(short_tmp, f"{side}.npz"), "--backup",
                            os.path.join(short_tmp, side), *extra], env=quiet_env(), timeout=120)
 
-    plain = run("keras")
+    plain, plain_folder = finetune_keras
     assert plain.returncode == 0, plain.stderr
     kill = ("--kill-between", "--marker", os.path.join(short_tmp, "killed"))
     assert run("procsv", *kill).returncode == -9
@@ -294,7 +323,7 @@ def test_the_fine_tuning_tutorial_killed_between_its_fits_runs_its_second_fit_af
     assert again.returncode == 0, again.stderr
     lines = [line for line in again.stdout.splitlines() if line.startswith("fit ")]
     assert lines == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [2, 3, 4, 5]"], again.stdout
-    with np.load(os.path.join(short_tmp, "keras.npz")) as theirs, np.load(os.path.join(short_tmp, "procsv.npz")) as ours:
+    with np.load(os.path.join(plain_folder, "keras.npz")) as theirs, np.load(os.path.join(short_tmp, "procsv.npz")) as ours:
         assert all(theirs[k].tobytes() == ours[k].tobytes() for k in theirs.files)  # the uninterrupted weights
 
 
