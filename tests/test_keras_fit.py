@@ -442,7 +442,7 @@ def test_a_resume_reading_its_input_longer_than_the_startup_timeout_is_not_kille
     # --startup-timeout 10 s, yet the trainer reports as it reads, and the watchdog gives each report the limit
     logdir = os.path.join(short_tmp, "run")
     program = os.path.join(PROGRAMS, "keras_slow_input.py")
-    proc = launch(logdir, "14", target=program)
+    proc = launch(logdir, "14", target=program, opts=NO_STANDBY)
     try:
         wait_for(lambda: committed_steps(logdir) and committed_steps(logdir)[-1] >= 120, 180,
                  what="the commit of epoch 12")
@@ -451,7 +451,7 @@ def test_a_resume_reading_its_input_longer_than_the_startup_timeout_is_not_kille
         code, out, err = finish(proc, 120)
     assert code == 128 + signal.SIGTERM, err
     epochs_done = committed_steps(logdir)[-1] // 10
-    code, out, err = finish(launch(logdir, "14", target=program, opts=("--startup-timeout", "10")), 180)
+    code, out, err = finish(launch(logdir, "14", target=program, opts=("--startup-timeout", "10", *NO_STANDBY)), 180)
     assert code == 0, err
     put_back = re.search(r"input of (\d+) epoch\(s\) put back in ([\d.]+) s, (\d+) batches drawn", out)
     assert put_back, out
