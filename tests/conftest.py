@@ -461,12 +461,12 @@ def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) ->
     return final_weights(shared_result("clean-digits", produce))
 
 
-def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str,
+def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str, opts: tuple[str, ...] = (),
                                  env: Optional[dict[str, str]] = None, past: int = 0) -> tuple[int, str, str]:
     """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed (and the
     watchdog saw the trainer ``past`` steps beyond it), and wait for the launch to end; returns
     ``finish``'s (code, stdout, stderr)."""
-    proc = launch(logdir, *target_args, target=target, env=env)
+    proc = launch(logdir, *target_args, target=target, opts=opts, env=env)
     try:
         newest = wait_for(lambda: [s for s in committed_steps(logdir) if s > 0], 120, what="a committed checkpoint")[-1]
         if past:

@@ -3,7 +3,6 @@ detection of a non-finite loss, never committing a poisoned state, and the ``--o
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -14,43 +13,44 @@ import tensorflow as tf
 
 from conftest import (PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, raw_status, skipped_steps,
                       status_json, wait_for, wait_role_pid)
+from plain_runs import run_plain_programs
 
 EXIT_TRAIN = os.path.join(PROGRAMS, "exit_train.py")
 NAN_TRAIN = os.path.join(PROGRAMS, "nan_train.py")
 NAN_MONITORED = os.path.join(PROGRAMS, "nan_monitored.py")
 NAN_GRAPH = os.path.join(PROGRAMS, "nan_graph.py")
+# every launch here: no hot standby prepared beside the trainer (a restart forks one from the pre-warmed trainer);
+# no test here is about the standby
+FORK = ("--standby", "fork")
 
 # The plain runs (no watchdog) that never applied step 25: the references a rolled-back run must
-# equal bit for bit. Each is the program run as `python <program> --logdir <folder> <args>`, all of
-# them in one process (one TensorFlow import for the five), in this order: nan_graph.py turns eager
-# execution off for the rest of its process, so it comes last
+# equal bit for bit. Each is the program run as `python <program> <args> --final-checkpoint <folder>/model.ckpt-N`
+# (N its last step), all of them in one process (``run_plain_programs``: one TensorFlow import for the five), in
+# this order: nan_graph.py turns eager execution off for the rest of its process, so it comes last. No logdir, no
+# procsv service: the final state is written with TF's own Checkpoint (nan_graph.py: Saver), named the folder's
+# newest. With --logdir each run started its checkpoint and summary services: the six runs (one the twin of a run
+# with no checkpoint schedule, the same run without a logdir) took 6.4 s of CPU, 3.0 of them the --input iterator
+# run's, whose checkpoint service loaded TensorFlow for the iterator's state; the five now 0.9
 PLAIN_RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "skip-25": (NAN_TRAIN, ("--skip-at", "25")),
-    "skip-25-no-checkpoint": (NAN_TRAIN, ("--skip-at", "25", "--save-steps", "1000")),
+    "skip-25": (NAN_TRAIN, ("--skip-at", "25")),  # (and the twin of a run with no checkpoint on disk: no schedule)
     "skip-21-23-25": (NAN_TRAIN, ("--skip-at", "21", "--skip-at", "23", "--skip-at", "25", "--steps", "30")),
     "iterator-skip-25": (NAN_TRAIN, ("--input", "iterator", "--skip-at", "25")),
     "monitored-skip-25": (NAN_MONITORED, ("--skip-at", "25")),
     "graph-skip-25": (NAN_GRAPH, ("--skip-at", "25")),
 }
-_PLAIN_DRIVER = """
-import json, runpy, sys
-from procsv.trainer import once
-from procsv.trainer.monitored import hooks
-for logdir, program, args in json.loads(sys.argv[1]):
-    hooks.set_global_step(None)  # each program is a new one for procsv.train, as in a process of its own
-    once._warned.clear()
-    sys.argv = [program, "--logdir", logdir, *args]
-    runpy.run_path(program, run_name="__main__")
-"""
+PLAIN_LAST_STEP = {NAN_TRAIN: 60, NAN_MONITORED: 40, NAN_GRAPH: 40}  # each program's default --steps
 
 
 @pytest.fixture(scope="module")
 def plain_runs(shared_result) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """name -> the logdir of that plain run of PLAIN_RUNS, made once per test session."""
+    """name -> the folder of that plain run of PLAIN_RUNS (its final checkpoint), made once per test session."""
+    def final(where: str, program: str, args: tuple[str, ...]) -> str:
+        last = int(args[args.index("--steps") + 1]) if "--steps" in args else PLAIN_LAST_STEP[program]
+        return os.path.join(where, "model.ckpt" if program == NAN_GRAPH else f"model.ckpt-{last}")  # (Saver: -N)
+
     def produce(folder: str) -> None:
-        runs = [(os.path.join(folder, name), program, list(args)) for name, (program, args) in PLAIN_RUNS.items()]
-        done = run_python(["-c", _PLAIN_DRIVER, json.dumps(runs)], env=quiet_env(), timeout=800, cwd=folder)
-        assert done.returncode == 0, done.stdout + done.stderr
+        run_plain_programs([(program, [*args, "--final-checkpoint", final(os.path.join(folder, name), program, args)])
+                            for name, (program, args) in PLAIN_RUNS.items()], env=quiet_env(), cwd=folder)
 
     folder = shared_result("nonfinite-plain-runs", produce)
     return {name: os.path.join(folder, name) for name in PLAIN_RUNS}
@@ -65,7 +65,7 @@ def test_a_trainer_that_exits_4_ends_the_launch_diverging_failed_no_restart_on_f
     # before: a trainer's exit 4 was a failure like any other: restarted (at once after progress)
     calls = tmp_path / "calls.txt"
     proc = launch(logdir, "--exit-at-step", "5", "--exit-code", "4", target=EXIT_TRAIN,
-                  opts=("--max-restarts", "5", "--on-failure", f"echo $PROCSV_EXIT_CODE >> {calls}"))
+                  opts=FORK + ("--max-restarts", "5", "--on-failure", f"echo $PROCSV_EXIT_CODE >> {calls}"))
     code, out, err = finish(proc, 180)
     assert code == 4, err
     assert len(_events(logdir, "spawned", "trainer")) == 1
@@ -102,7 +102,8 @@ def _all_committed_are_finite(logdir: str) -> list[int]:
 def test_weights_that_turn_nan_are_never_committed_and_continue_trains_on(logdir):
     # before: every checkpoint after step 25 (and the final one at 60) held NaN weights and momentum,
     # and tf.train.latest_checkpoint pointed at one of them
-    proc = launch(logdir, "--how", "weights", "--nan-at", "25", target=NAN_TRAIN, opts=("--on-nonfinite", "continue"))
+    proc = launch(logdir, "--how", "weights", "--nan-at", "25", target=NAN_TRAIN,
+                  opts=FORK + ("--on-nonfinite", "continue"))
     code, out, err = finish(proc, 180)
     assert code == 0, err
     latest = tf.train.latest_checkpoint(logdir)
@@ -119,7 +120,7 @@ def test_weights_that_turn_nan_are_never_committed_and_continue_trains_on(logdir
 
 @pytest.mark.slow
 def test_a_nan_loss_with_on_nonfinite_stop_stops_in_order_exit_4_and_the_newest_checkpoint_is_finite(logdir):
-    proc = launch(logdir, "--how", "return", "--nan-at", "25", target=NAN_TRAIN, opts=("--on-nonfinite", "stop"))
+    proc = launch(logdir, "--how", "return", "--nan-at", "25", target=NAN_TRAIN, opts=FORK + ("--on-nonfinite", "stop"))
     code, out, err = finish(proc, 180)
     assert code == 4, err
     assert "non-finite training at step 25: the loss of step 25 is NaN or infinite" in err, err
@@ -208,7 +209,7 @@ def _values(logdir: str) -> dict[str, bytes]:
 def test_rollback_skips_a_poisoned_step_and_the_weights_equal_a_plain_run_that_never_applied_it(logdir, plain_runs):
     # before: no rollback; the run trained on NaN weights and committed them. Now (the default under
     # procsv launch): restore step 20 in place, replay, retry step 25, skip it, train on to 60
-    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_TRAIN), 240)
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_TRAIN, opts=FORK), 240)
     said = out + err
     assert code == 0, said
     assert "retrying step 25 once" in said and "skipped step 25" in said, said
@@ -228,7 +229,8 @@ def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(lo
     # followed by a non-finite within 10 steps) never trips first; the 4th skip does (the
     # checkpoint of step 60 finds 57's loss at the latest: --steps 70)
     nan_at = [a for s in (21, 33, 45, 57) for a in ("--nan-at", str(s))]
-    code, out, err = finish(launch(logdir, *nan_at, "--steps", "70", target=NAN_TRAIN, opts=("--max-skips", "3")),
+    code, out, err = finish(launch(logdir, *nan_at, "--steps", "70", target=NAN_TRAIN,
+                                   opts=FORK + ("--max-skips", "3")),
                             300)
     said = out + err
     assert code == 4, said
@@ -244,7 +246,7 @@ def test_more_skips_than_max_skips_within_the_window_stop_the_run_with_exit_4(lo
 def test_rollback_then_a_sigkill_of_the_trainer_still_ends_bit_equal_to_the_plain_run(logdir, plain_runs):
     # the restarted trainer resumes from the newest committed (finite) state; if that is before the
     # poisoned step it meets it again and skips it again: the result is the same either way
-    proc = launch(logdir, "--nan-at", "25", "--step-delay", "0.05", target=NAN_TRAIN)
+    proc = launch(logdir, "--nan-at", "25", "--step-delay", "0.05", target=NAN_TRAIN, opts=FORK)
     log = os.path.join(logdir, "logs", "trainer.1.log")
     try:
         wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
@@ -274,7 +276,7 @@ def test_a_step_skipped_before_the_whole_launch_was_killed_is_skipped_again_by_t
     # reads the earlier launch's skipped steps once at its start and tells its trainer, which skips the
     # step at once instead of finding it non-finite, rolling back and retrying it again
     args = ("--nan-at", "25", "--save-steps", "20", "--step-delay", "0.15")
-    proc = launch(logdir, *args, target=NAN_TRAIN)
+    proc = launch(logdir, *args, target=NAN_TRAIN, opts=FORK)
     log = os.path.join(logdir, "logs", "trainer.1.log")
     try:
         wait_for(lambda: os.path.exists(log) and "skipped step 25" in open(log).read(), 180, what="step 25 skipped")
@@ -286,7 +288,7 @@ def test_a_step_skipped_before_the_whole_launch_was_killed_is_skipped_again_by_t
         proc.communicate()
     assert max(committed_steps(logdir)) < 25, committed_steps(logdir)  # the premise: nothing past the skip
     assert [e["step"] for e in _events(logdir, "step_skipped")] == [25]
-    code, out, err = finish(launch(logdir, *args, target=NAN_TRAIN), 240)
+    code, out, err = finish(launch(logdir, *args, target=NAN_TRAIN, opts=FORK), 240)
     assert code == 0, err
     said = out + err
     assert "skipping step 25 again (this run skipped it before)" in said, said
@@ -312,7 +314,7 @@ def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is
     # expensive put the next one past step 25 (the NaN was then met at the final checkpoint, exit 4),
     # so the tier gets its largest share here and holds snapshots of the steps before 25
     code, out, err = finish(launch(logdir, "--nan-at", "25", "--save-steps", "1000", "--step-delay", "0.04",
-                                   target=NAN_TRAIN, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.5")), 240)
+                                   target=NAN_TRAIN, opts=FORK, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.5")), 240)
     said = out + err
     assert code == 0, said
     assert [s for s in committed_steps(logdir) if 0 < s < 60] == []  # nothing on disk to roll back to
@@ -322,7 +324,7 @@ def test_rollback_restores_the_in_memory_snapshot_in_place_when_no_checkpoint_is
     assert "restored step 24 from the state kept before the retry" in said, said
     assert "skipped step 25" in said, said
     assert len(_events(logdir, "spawned", "trainer")) == 1
-    plain = plain_runs["skip-25-no-checkpoint"]  # python nan_train.py --skip-at 25 --save-steps 1000
+    plain = plain_runs["skip-25"]  # python nan_train.py --skip-at 25 (no checkpoint schedule)
     rolled, baseline = _values(logdir), _values(plain)
     for key in ("w/.ATTRIBUTES/VARIABLE_VALUE", "m/.ATTRIBUTES/VARIABLE_VALUE", "global_step/.ATTRIBUTES/VARIABLE_VALUE"):
         assert rolled[key] == baseline[key], key  # bit-equal
@@ -344,7 +346,7 @@ def test_bad_inputs_are_skipped_up_to_max_skips_and_a_snapshot_turning_non_finit
     bad = [a for s in (21, 23, 25) for a in ("--nan-at", str(s))]
     transient = [a for s in (31, 33, 35, 37) for a in ("--transient-nan-at", str(s))]
     code, out, err = finish(launch(logdir, *bad, *transient, "--steps", "45", "--wait-checkpoint", "20",
-                                   "--wait-checkpoint", "30", target=NAN_TRAIN,
+                                   "--wait-checkpoint", "30", target=NAN_TRAIN, opts=FORK,
                                    env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), 300)
     said = out + err
     assert code == 4, said
@@ -370,7 +372,7 @@ def test_a_skipped_step_consumes_its_element_of_a_checkpointed_tf_data_iterator(
     # iterator and step 26 took it: non-finite again, skipped again, ... until exit 4. Now the skip
     # takes and discards it: one skip, and the weights equal a plain run that discarded element 25
     code, out, err = finish(launch(logdir, "--input", "iterator", "--nan-at", "25", "--wait-checkpoint", "10",
-                                   target=NAN_TRAIN), 240)
+                                   target=NAN_TRAIN, opts=FORK), 240)
     said = out + err
     assert code == 0, said
     assert "skipped step 25" in said and said.count("skipped step") == 1, said
@@ -418,7 +420,7 @@ def test_procsv_train_a_poisoned_step_watched_by_a_nan_tensor_hook_is_rolled_bac
     # before: the NanTensorHook read its tensor after the run and raised NanLossDuringTrainingError
     # before procsv could roll back. Now procsv watches the hook's tensor (kept, checked in bulk),
     # rolls back, skips step 25, and the hook never sees the NaN
-    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_MONITORED), 240)
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_MONITORED, opts=FORK), 240)
     said = out + err
     assert code == 0, said
     assert "skipped step 25" in said and "NaN loss during training" not in said, said
@@ -438,7 +440,7 @@ def test_procsv_train_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(l
     # 67; before, procsv's own exit 4, a SystemExit), which the program lets escape: the trainer exits 4 and the
     # watchdog judges it diverging (exit 4, no restart), not a program's failure (exit 1)
     code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_MONITORED,
-                                   opts=("--max-skips", "1")), 240)
+                                   opts=FORK + ("--max-skips", "1")), 240)
     said = out + err
     assert code == 4, said
     assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said
@@ -473,7 +475,7 @@ def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and
     # tensors and dropped), only the snapshot's weights were seen non-finite: the bad step unknown,
     # the run stopped with exit 4. Now the run's value for the tensor named "loss" is kept, the
     # variables are restored by name from model.ckpt-20, the global step is assigned past step 25
-    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_GRAPH), 240)
+    code, out, err = finish(launch(logdir, "--nan-at", "25", target=NAN_GRAPH, opts=FORK), 240)
     said = out + err
     assert code == 0, said
     assert "restored step 20 from model.ckpt-20" in said and "skipped step 25" in said, said
@@ -489,7 +491,7 @@ def test_graph_mode_a_poisoned_step_whose_fetched_loss_is_nan_is_rolled_back_and
 @pytest.mark.slow
 def test_graph_mode_a_poisoned_region_that_trips_the_bound_stops_with_exit_4(logdir):
     code, out, err = finish(launch(logdir, "--nan-at", "21", "--nan-at", "23", target=NAN_GRAPH,
-                                   opts=("--max-skips", "1")), 240)
+                                   opts=FORK + ("--max-skips", "1")), 240)
     said = out + err
     assert code == 4, said
     assert "skipped step 21" in said and "skipped step 23" not in said and "--max-skips 1" in said, said

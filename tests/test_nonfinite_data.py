@@ -25,6 +25,9 @@ NAN_DATA = os.path.join(PROGRAMS, "nan_data_loop.py")
 # a checkpoint every 20 steps, no in-memory tier: a NaN at step 35 is rolled back to step 20
 LAGGING = ("--steps", "60", "--save-steps", "20", "--step-delay", "0.01", "--wait-commit", "20")
 NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
+# every launch: no hot standby prepared beside the trainer (a restart forks one from the pre-warmed trainer); no
+# test here is about the standby
+FORK = ("--standby", "fork")
 
 
 # The plain runs (no watchdog, no NaN) the launches are compared with: (the steps that took their batch
@@ -78,7 +81,7 @@ def _loaded_runs(folder: str) -> None:
     def nan_at_35(bind: str) -> tuple[str, Callable[[], tuple[int, str, str]]]:
         logdir = os.path.join(folder, f"nan-35-{bind}")
         return logdir, lambda: finish(launch(logdir, "--bind", bind, "--nan-at", "35", *LAGGING, target=NAN_DATA,
-                                             env=quiet_env(**NO_MEMORY_TIER)), 900)
+                                             opts=FORK, env=quiet_env(**NO_MEMORY_TIER)), 900)
 
     restart = os.path.join(folder, "restart-args")
     launch_together_loaded(folder, {
@@ -88,7 +91,7 @@ def _loaded_runs(folder: str) -> None:
         # between writes, and a quiet machine's trainer had ended when it came (ProcessLookupError)
         "restart-args": (restart, lambda: launch_and_kill_trainer_once(
             restart, "--bind", "args", *LAGGING, "--step-delay", "0.1", target=NAN_DATA,
-            env=quiet_env(**NO_MEMORY_TIER), past=5))})
+            opts=FORK, env=quiet_env(**NO_MEMORY_TIER), past=5))})
 
 
 @pytest.fixture

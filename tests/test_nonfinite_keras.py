@@ -19,6 +19,8 @@ import pytest
 from conftest import PROGRAMS, run_python, committed_steps, finish, launch, lifecycle, quiet_env, status_json
 
 KERAS_NAN = os.path.join(PROGRAMS, "keras_nan.py")
+# every launch here: no hot standby prepared beside the trainer (no test here restarts one, nor is about it)
+FORK = ("--standby", "fork")
 NONFINITE_EVENTS = ("nonfinite_detected", "rolled_back", "step_skipped")
 
 
@@ -53,7 +55,8 @@ def test_keras_fit_rolls_a_poisoned_batch_back_in_place_skips_it_and_ends_bit_eq
     # checkpoint's state"). Now: rolled back in place (one trainer), batch 13 (epoch 1, batch 3:
     # global step 14) retried and skipped, the batches since the restored snapshot trained again
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
-    code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--weights-out", out, target=KERAS_NAN), 240)
+    code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--weights-out", out, target=KERAS_NAN,
+                                         opts=FORK), 240)
     said = stdout + stderr
     assert code == 0, said
     assert "retrying step 14 once" in said and "skipped step 14 " in said, said
@@ -96,7 +99,7 @@ def test_keras_fit_a_poisoned_region_beyond_max_skips_stops_with_exit_4_and_comm
     # the run stops in order, diverging, and no committed checkpoint holds a NaN
     logdir = os.path.join(short_tmp, "run")
     code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--nan-at", "15", "--nan-at", "16",
-                                         "--terminate-on-nan", target=KERAS_NAN, opts=("--max-skips", "1")), 240)
+                                         "--terminate-on-nan", target=KERAS_NAN, opts=FORK + ("--max-skips", "1")), 240)
     said = stdout + stderr
     assert code == 4, said
     assert "Invalid loss" not in said, said  # TerminateOnNaN never saw a NaN procsv rolled back
@@ -174,12 +177,13 @@ def test_keras_fit_under_rollback_keeps_bounded_memory_with_large_batches_and_no
     # threshold moves), so a freed batch goes back to the system: with the default, the first freed
     # 1.5 MiB block raises the threshold and later batches come from malloc's arenas, which keep
     # them after free. That kept 21-29 MiB more (measured with a 1 MiB cap, 40-320 batches; a plain
-    # fit: 3 MiB), more at load, and this bound failed by 2 MiB at load 8. Pinned: +24 MiB at a 24 MiB cap
+    # fit: 3 MiB), more at load, and this bound failed by 2 MiB at load 8. Pinned: +24 MiB at a 24 MiB cap.
+    # The program pins it (mallopt at its start): MALLOC_MMAP_THRESHOLD_ in the launch's environment, as before,
+    # made the launch a fresh one, TensorFlow imported again (5.1-7.1 CPU-s for this test, now 2.7-2.8)
     logdir = os.path.join(short_tmp, "run")
-    env = dict(quiet_env(), MALLOC_MMAP_THRESHOLD_="131072")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "160",
-                                         "--save-freq", "0", "--replay-memory-mib", "24", "--rss",
-                                         target=KERAS_NAN, env=env), 240)
+                                         "--save-freq", "0", "--replay-memory-mib", "24", "--rss", "--mmap-threshold",
+                                         "131072", target=KERAS_NAN, opts=FORK), 240)
     said = stdout + stderr
     assert code == 0, said
     first, peak = _rss(said)
@@ -197,7 +201,7 @@ def test_keras_fit_past_the_replay_cap_says_so_once_and_a_later_nan_continues_wi
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
                                          "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "15",
-                                         "--weights-out", out, target=KERAS_NAN), 240)
+                                         "--weights-out", out, target=KERAS_NAN, opts=FORK), 240)
     said = stdout + stderr
     assert code == 0, said
     assert said.count("the batches kept for a rollback's replay reached their cap (1 MiB") == 1, said
@@ -214,7 +218,7 @@ def test_keras_fit_with_an_untested_keras_says_so_at_fit_start_and_falls_back_to
     # newest finite state and fit continues with its next batch: exit 0, finite weights, no skip
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
     code, stdout, stderr = finish(launch(logdir, "--nan-at", "13", "--keras-version", "3.99.0", "--weights-out", out,
-                                         target=KERAS_NAN), 240)
+                                         target=KERAS_NAN, opts=FORK), 240)
     said = stdout + stderr
     assert code == 0, said
     line = "procsv: warning: Keras 3.99.0 is not one procsv's rollback replay is tested with"
@@ -233,7 +237,7 @@ def test_keras_fit_under_rollback_frees_its_kept_batches_at_every_in_memory_snap
     logdir = os.path.join(short_tmp, "run")
     env = dict(quiet_env(), PROCSV_MEMORY_SNAPSHOTS="0.5")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "160",
-                                         "--save-freq", "0", "--rss", target=KERAS_NAN, env=env), 240)
+                                         "--save-freq", "0", "--rss", target=KERAS_NAN, opts=FORK, env=env), 240)
     said = stdout + stderr
     assert code == 0, said
     first, peak = _rss(said)
@@ -268,7 +272,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_its_last_batch_stops_with_e
     logdir = os.path.join(short_tmp, "run")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "1", "--batches", "40",
                                          "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "39",
-                                         target=KERAS_NAN, env=SPARSE_SNAPSHOTS), 240)
+                                         target=KERAS_NAN, opts=FORK, env=SPARSE_SNAPSHOTS), 240)
     said = stdout + stderr
     assert code == 4, said
     restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
@@ -286,7 +290,7 @@ def test_keras_fit_past_the_replay_cap_with_a_nan_at_an_epochs_end_names_the_ste
     logdir, out = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "w.npz")
     code, stdout, stderr = finish(launch(logdir, "--rows", "65536", "--epochs", "2", "--batches", "20",
                                          "--save-freq", "0", "--replay-memory-mib", "1", "--nan-at", "19",
-                                         "--weights-out", out, target=KERAS_NAN, env=SPARSE_SNAPSHOTS), 240)
+                                         "--weights-out", out, target=KERAS_NAN, opts=FORK, env=SPARSE_SNAPSHOTS), 240)
     said = stdout + stderr
     assert code == 0, said
     restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]
@@ -302,7 +306,7 @@ def test_keras_fit_with_an_untested_keras_and_a_nan_at_its_last_batch_stops_with
     # the same with the fallback of a Keras the replay is not tested with (nothing kept at all)
     logdir = os.path.join(short_tmp, "run")
     code, stdout, stderr = finish(launch(logdir, "--epochs", "1", "--batches", "30", "--nan-at", "29",
-                                         "--keras-version", "3.99.0", target=KERAS_NAN), 240)
+                                         "--keras-version", "3.99.0", target=KERAS_NAN, opts=FORK), 240)
     said = stdout + stderr
     assert code == 4, said
     restored = [e["restored_step"] for e in _events(logdir, "rolled_back")]

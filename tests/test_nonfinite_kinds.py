@@ -37,6 +37,9 @@ LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bin
 # a custom loop with Adam on a schedule, BatchNormalization and a LossScaleOptimizer that skips 50 and 53 itself
 LOSS_SCALED = ("--optimizer", "adam", "--schedule", "--batchnorm", "--loss-scale", "--overflow-at", "50",
                "--overflow-at", "53")
+# every launch: no hot standby prepared beside the trainer (a restart forks one from the pre-warmed trainer); no
+# test here is about the standby
+FORK = ("--standby", "fork")
 SharedResult = Callable[[str, Callable[[str], None]], str]
 
 
@@ -113,13 +116,13 @@ def _loaded_runs(folder: str) -> None:
             ) -> tuple[str, Callable[[], tuple[int, str, str]]]:
         logdir = os.path.join(folder, name)
         env = quiet_env() if memory_tier else quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")
-        return logdir, lambda: finish(launch(logdir, *args, target=target, env=env), 300)
+        return logdir, lambda: finish(launch(logdir, *args, target=target, opts=FORK, env=env), 300)
 
     def killed_after_20() -> tuple[int, str, str]:
         logdir, kill_file = os.path.join(folder, "adam-schedule-killed"), os.path.join(folder, "kill-me")
         proc = launch(logdir, "--kind", "validation", "--adam-schedule", "--nan-at", "17", "--kill-after", "20",
                       "--kill-file", kill_file, "--weights-out", os.path.join(folder, "adam-schedule-killed.npz"),
-                      target=KINDS, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+                      target=KINDS, opts=FORK, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
         return sigkill_where_it_says(proc, logdir, kill_file, "batch 20")
 
     # all six at once (three at a time before): the burners run for one round, not two, and take a smaller

@@ -27,6 +27,9 @@ NAN_LOOP = os.path.join(PROGRAMS, "nan_keras_loop.py")
 # a NaN at step 55 is rolled back to the state of step 40 and the replay runs 41 .. 54
 LAGGING = ("--steps", "80", "--save-steps", "20", "--step-delay", "0.01", "--bind", "args")
 NO_MEMORY_TIER = {"PROCSV_MEMORY_SNAPSHOTS": "0"}
+# every launch: no hot standby prepared beside the trainer (a restart forks one from the pre-warmed trainer); no
+# test here is about the standby
+FORK = ("--standby", "fork")
 
 
 # The plain runs (no watchdog, no NaN) the launches are compared with: (optimizer, the steps it never
@@ -83,12 +86,12 @@ def _loaded_runs(folder: str) -> None:
 
     def run(name: str, *args: str) -> tuple[str, Callable[[], tuple[int, str, str]]]:
         logdir = os.path.join(folder, name)
-        return logdir, lambda: finish(launch(logdir, *args, target=NAN_LOOP, env=env), 300)
+        return logdir, lambda: finish(launch(logdir, *args, target=NAN_LOOP, opts=FORK, env=env), 300)
 
     def killed_between_55_and_58() -> tuple[int, str, str]:
         logdir, kill_file = os.path.join(folder, "nan-55-58-killed"), os.path.join(folder, "kill-me")
         proc = launch(logdir, "--nan-at", "55", "--nan-at", "58", *LAGGING, "--kill-after", "57", "--kill-visit", "2",
-                      "--kill-file", kill_file, target=NAN_LOOP, env=env)
+                      "--kill-file", kill_file, target=NAN_LOOP, opts=FORK, env=env)
         return sigkill_where_it_says(proc, logdir, kill_file, "step 57 after the skip")
 
     launch_together_loaded(folder, {

@@ -26,7 +26,9 @@ gradient, as a masked input's would be), the weights stay finite and the other m
                     after the group's rollback). A commit moves on at step boundaries only, so the
                     chief keeps stepping, slower, rather than waiting inside a step
     --exit-attempt A  --exit-at and --chief-dies-at apply only in the group's attempt A (PROCSV_ATTEMPT; default: any)
-    --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once
+    --chief-dies-at N the chief ends at step N at once (os._exit(5): no checkpoint of its own on the way out), once;
+                      N@A: in the group's attempt A only, whatever --exit-attempt says (repeatable: a run with
+                      several deaths, each once)
     --max-to-keep N   the Supervisor's retention (default 5, the Supervisor's own)
     --compute-at N    the chief computes for --compute-secs S at step N of the group's first attempt, before the
                       step's collectives (an evaluation inside the loop): worker 1 waits for it there
@@ -68,7 +70,7 @@ p.add_argument("--steps", type=int, default=120)
 p.add_argument("--exit-at", type=int, default=None)
 p.add_argument("--save-steps", type=int, default=None)
 p.add_argument("--exit-attempt", type=int, default=None)
-p.add_argument("--chief-dies-at", type=int, default=None)
+p.add_argument("--chief-dies-at", action="append", default=[])
 p.add_argument("--max-to-keep", type=int, default=5)
 p.add_argument("--in-batch", action="store_true")
 p.add_argument("--tail-secs", type=float, default=0.0)
@@ -126,9 +128,13 @@ def one_step():  # type: ignore[no-untyped-def]
         time.sleep(PACE)  # its commit moves on at the step boundaries: steps, slower until it lands
     marker = os.path.join(sv.logdir or ".", "exited-at")
     attempt_ok = args.exit_attempt is None or os.environ.get("PROCSV_ATTEMPT") == str(args.exit_attempt)
-    if rank == 0 and s == args.chief_dies_at and attempt_ok and not os.path.exists(marker):
-        open(marker, "w").close()
-        os._exit(5)
+    for point in args.chief_dies_at if rank == 0 else ():
+        at, _, attempt = point.partition("@")
+        died = f"{marker}-{point}" if attempt else marker  # (each death once)
+        if s == int(at) and (os.environ.get("PROCSV_ATTEMPT") == attempt if attempt else attempt_ok) \
+                and not os.path.exists(died):
+            open(died, "w").close()
+            os._exit(5)
     if rank == 1 and s == args.exit_at and attempt_ok and not os.path.exists(marker):
         open(marker, "w").close()
         raise SystemExit(5)

@@ -20,6 +20,10 @@
     --replay-memory-mib M  BackupAndRestore(replay_memory_bytes=M MiB)
     --keras-version V   keras.__version__ reads V in this process (a Keras the replay is not tested with)
     --rss               print "rss_mib first=F peak=P": VmRSS after the first batch, and its peak after any batch
+    --mmap-threshold B  glibc's malloc serves every block of B bytes or more with mmap (``mallopt(M_MMAP_THRESHOLD,
+                        B)`` at the program's start: the threshold pinned, as ``MALLOC_MMAP_THRESHOLD_=B`` in its
+                        environment pins it, which a test's launch cannot pass without starting afresh, TensorFlow
+                        imported again, rather than as a fork of its fork server)
     --batch-delay S     seconds each batch sleeps (a callback's on_train_batch_end)
     --terminate-on-nan  also keras.callbacks.TerminateOnNaN (it stops fit at a batch whose logs["loss"] is NaN)
     --kill-after I      (with --kill-file F) after fit's batch I (counted from 0 over the fit), unless F exists:
@@ -60,6 +64,7 @@ p.add_argument("--rows", type=int, default=8)
 p.add_argument("--replay-memory-mib", type=float, default=None)
 p.add_argument("--keras-version", default=None)
 p.add_argument("--rss", action="store_true")
+p.add_argument("--mmap-threshold", type=int, default=None)
 p.add_argument("--terminate-on-nan", action="store_true")
 p.add_argument("--kill-after", type=int, default=None)
 p.add_argument("--kill-file", default=None)
@@ -68,6 +73,11 @@ p.add_argument("--weights-out", default=None)
 p.add_argument("--backup-dir", default=None)
 p.add_argument("--times", default=None)
 args = p.parse_args()
+if args.mmap_threshold is not None:
+    import ctypes
+
+    M_MMAP_THRESHOLD = -3  # (malloc.h)
+    assert ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, args.mmap_threshold) == 1, "mallopt(M_MMAP_THRESHOLD) failed"
 
 keras.utils.set_random_seed(0)
 if args.op_determinism:

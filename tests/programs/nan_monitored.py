@@ -4,12 +4,16 @@
     --skip-at N     step N does nothing (repeatable): the plain run that never applied step N
     --steps N       StopAtStepHook(last_step=N)
     --logdir DIR    the checkpoint_dir of a plain `python nan_monitored.py` run
+    --final-checkpoint P  for a plain run without --logdir: at the end, write the checkpoint's state and the
+                    global step with TF's own ``tf.train.Checkpoint`` to the prefix P, named P's folder's newest
+                    (``tf.train.latest_checkpoint``); no procsv service is started
 
 The loss is watched by a NanTensorHook on a variable the step assigns (the step returns nothing).
 The input of step s is a function of s alone, so a run is reproducible. Checkpoints every 10 steps.
 """
 
 import argparse
+import os
 import time
 
 import tensorflow as tf
@@ -21,6 +25,7 @@ p.add_argument("--nan-at", type=int, action="append", default=[])
 p.add_argument("--skip-at", type=int, action="append", default=[])
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--logdir", default=None)
+p.add_argument("--final-checkpoint", default=None)
 args = p.parse_args()
 
 w = tf.Variable(tf.ones([4]), name="w")
@@ -49,4 +54,9 @@ with train.MonitoredTrainingSession(checkpoint_dir=args.logdir, checkpoint={"w":
                                     save_checkpoint_steps=10, log_step_count_steps=None) as sess:
     while not sess.should_stop():
         sess.run(step)
+if args.final_checkpoint:  # what procsv's final checkpoint holds: the state and the global step
+    final = tf.train.Checkpoint(w=w, m=m, global_step=train.get_global_step())
+    final.save_counter  # (created, as in procsv's checkpoint: the same keys)
+    tf.compat.v1.train.update_checkpoint_state(os.path.dirname(args.final_checkpoint),
+                                               final.write(args.final_checkpoint))
 print(f"nan_monitored: done at step {int(train.get_global_step().numpy())}", flush=True)
