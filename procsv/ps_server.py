@@ -21,6 +21,7 @@ grace ran out; the watchdog stops the servers last, once the chief committed.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
@@ -43,7 +44,14 @@ def main() -> int:
     stopfrom.block()  # read below with their senders; before TensorFlow's threads start (they inherit the mask)
     config = bootstrap.read_config()  # once: whose stops it obeys, whom it tells it is up
     authority = supervisor(config)
-    import tensorflow as tf
+    # the import with the cyclic collector off, as the zygote's (procsv.zygote.__main__): its objects outlive
+    # it, and the collector visiting them again and again was a tenth to a fifth of the import's CPU, in each
+    # server a --coordinator job starts (every one fresh) and each one a restart starts again
+    gc.disable()
+    try:
+        import tensorflow as tf
+    finally:
+        gc.enable()
 
     job, index = str(task["type"]), int(task.get("index", 0))
     server = tf.distribute.Server(cluster.cluster_spec(), job_name=job, task_index=index, start=True)

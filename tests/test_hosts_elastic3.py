@@ -63,12 +63,13 @@ def memberships(logdir: str) -> list[tuple[list[int], int]]:
 
 
 STEPS = 1500
-# the three hosts' run: 2 x 600 steps paced at 0.06 s (paced by --step-delay until the test's events, the steps
+# the three hosts' run: 2 x 300 steps paced at 0.12 s (paced by --step-delay until the test's events, the steps
 # left run at once: tests/programs/paced.py): what sets the margin for a loaded machine is the seconds paced (72 s
-# of sleep at most; 60 s before, 2 x 1500 x 0.02), and each step paced or after is CPU in every member. At load 27
-# it reached step 193 (of 1,200) before its gate; before, it ran 1,665 steps of a group of two after its gate
-THREE_STEPS, PACE = 600, "0.06"
-PARTITION_PACE = "0.1"  # the partition run's (below)
+# of sleep at most, as 2 x 600 x 0.06 before; 60 s before that, 2 x 1500 x 0.02), and each step paced or after is
+# CPU in every member. At load 27 it reached step 193 (of 1,200) before its gate; quiet, at 0.06, step 255, and
+# then ran 945 steps of a group of two at once (1,665 at 0.02)
+THREE_STEPS, PACE = 300, "0.12"
+PARTITION_PACE = "0.2"  # the partition run's (below)
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
 # a silent host (its packets dropped) found lost within this, from the drop and in silent_secs (rule 12's fast
 # path: 0.2-0.45 s, docs/guarantees.md; 1.5 s: margin for node 0's loop on a loaded machine, and half the
@@ -154,9 +155,10 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
             "--group-grace-secs", "0")
     gate, fast = paced(tmp_path)
     # (the three hosts' run's steps, each of which, paced or after the gate, is CPU in both members, paced at
-    # PARTITION_PACE: 60 s of sleep at most. At PACE's 36 s, CI's load once had node 1 join late, taken back at
-    # step 472, and the 128 steps left ran out 8 s into the partition: the job ended before node 1 could be
-    # taken back again. The slower pace costs no CPU and, quiet, no wall time: the waits end on events)
+    # PARTITION_PACE: 60 s of sleep at most (300 x 0.2; 600 x 0.1 before). At 36 s (600 x 0.06), CI's load once
+    # had node 1 join late, taken back at step 472, and the 128 steps left ran out 8 s into the partition: the
+    # job ended before node 1 could be taken back again. The slower pace costs no CPU and, quiet, no wall time:
+    # the waits end on events)
     args = (*ARGS, "--steps", str(THREE_STEPS), "--step-delay", PARTITION_PACE, *fast)
     # the agent first, waiting for node 0's job, so that its own start does not count against the first
     # group's --rejoin-timeout 5 (at load 15 it once did: the group started on node 0 alone)

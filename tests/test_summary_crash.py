@@ -25,6 +25,7 @@ EVERY_STEP = ("loss", "accuracy")  # the example logs these at every step with -
 STOPPED_SECS = 3.0  # how long the summary service stays stopped (SIGSTOP) before its SIGKILL
 # the summary service's tests restart no trainer: no hot standby prepares for a restart that never comes
 NO_TRAINER_RESTART = ("--standby", "fork")
+STEPS = 2500  # the three kills' run: its last target is below step 1500
 
 
 def read_scalars(logdir: str) -> dict[str, list[ea.ScalarEvent]]:
@@ -52,11 +53,14 @@ def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir, logging
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
     # the kill moments are tied to steps, each a random step of its own stretch, all far below the
-    # run's 3000: a kill tied to wall time could come after the run had ended (under load a trainer
-    # can run 1000s of steps while waiting for a commit), and find the trainer gone
+    # run's 2500: a kill tied to wall time could come after the run had ended (under load a trainer
+    # can run 1000s of steps while waiting for a commit), and find the trainer gone. (3000 steps at
+    # 0.002 s before, each step CPU of the trainer's and the summary service's: 1,000 steps after the
+    # last stretch now, about 5 s quiet at 0.003 s; beside two CPU burners the third kill, which waits
+    # for the new trainer's first commit, came at steps 1519 and 1557)
     targets = [250 + 500 * k + rng.randrange(250) for k in range(3)]
-    proc = launch(logdir, "--steps", "3000", *logging, "--save-model-secs", "1",
-                  "--save-summaries-secs", "1", "--step-delay", "0.002")
+    proc = launch(logdir, "--steps", str(STEPS), *logging, "--save-model-secs", "1",
+                  "--save-summaries-secs", "1", "--step-delay", "0.003")
     victims = []
     try:
         for target in targets:
@@ -77,8 +81,8 @@ def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir, logging
         code, out, err = finish(proc, timeout=300)
     assert code == 0, f"seed {seed}, kills at steps {targets}\n{err}"
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["restarts"] == 3 and st["step"] == 3000
-    assert_one_value_per_step(read_scalars(logdir), 1, 3000)
+    assert st["state"] == "succeeded" and st["restarts"] == 3 and st["step"] == STEPS
+    assert_one_value_per_step(read_scalars(logdir), 1, STEPS)
     assert st["summaries"]["dropped"] == 0
 
 
