@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 import time
 from email.parser import Parser
 from typing import Any, Callable, Iterator, Optional
@@ -344,6 +345,30 @@ def procsv_environment_unchanged() -> Iterator[None]:
             del os.environ[k]
         os.environ.update(before)
         pytest.fail(f"the test changed this process's PROCSV_ variables (use monkeypatch): before {before}, after {after}")
+
+
+def _op_determinism() -> bool:
+    """Whether TensorFlow's op determinism is on in this process (False where TensorFlow is not imported)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.framework import config as tf_config
+
+    return bool(tf_config.is_op_determinism_enabled())
+
+
+@pytest.fixture(autouse=True)
+def op_determinism_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that turns TensorFlow's op determinism on in this process (an example's or a program's
+    ``main`` run in-process) turns it off again here, with a warning naming it: it is process-wide, and every
+    later test of this xdist worker that builds a random op without a seed failed (a one-shot iterator of a
+    ``tf.compat.v1`` graph in ``test_graph_hooks_tf``, tonight, after the long tests' order changed)."""
+    before = _op_determinism()
+    yield
+    if not before and _op_determinism():
+        from tensorflow.python.framework import config as tf_config
+
+        tf_config.disable_op_determinism()
+        warnings.warn(f"{request.node.nodeid} turned TensorFlow's op determinism on in the xdist worker; turned off again")
 
 
 @pytest.fixture

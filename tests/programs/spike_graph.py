@@ -23,10 +23,11 @@
                           (supervisor) the spike rule's window and minimum history (procsv.SpikeThresholds);
                           the monitored mode uses the rule's defaults (200, 100)
     --step-delay S        seconds each step's batch takes to draw (default 0.01; none in the plain mode)
-    --wait-commit N       (supervisor) once past step N + 1, wait (at most 400 s, marked: ``sv.waiting()``) until
-                          a checkpoint of step N or later is committed (``tf.train.latest_checkpoint``): the
-                          checkpoint a later rollback restores is the one due at N, or taken a boundary or two
-                          late (a service that starts or commits slowly at load ruled out, not left to chance)
+    --wait-commit N       (supervisor) once at step N, wait (at most 400 s, marked: ``sv.waiting()``) until a
+                          checkpoint of step N is committed (``tf.train.latest_checkpoint``), running only the
+                          global step meanwhile: no step runs, so a save due at N taken late is still of step N;
+                          the checkpoint a later rollback restores is N's (a service that starts or commits
+                          slowly at load ruled out, not left to chance)
     --kill-at N --kill-file F
                           when the run of step N comes after step --kill-after-skip's batch was drawn twice
                           (first run and its replay) and F does not exist: write this process's pid to F and
@@ -109,7 +110,8 @@ def wait_for_commit(sv: procsv.Supervisor, sess: tf.compat.v1.Session, step: int
     with sv.waiting():
         while committed() < step and time.monotonic() < deadline:
             time.sleep(0.05)
-            sess.run(gs)
+            if time.monotonic() > deadline - 390:  # (a save put off behind a commit in flight: a run that is no step
+                sess.run(gs)                       # lets the boundary's work take it, still of this step's state)
 
 
 graph = tf.Graph()
@@ -135,7 +137,7 @@ with graph.as_default():
             while not sv.should_stop() and (sv.step < args.steps if args.runs is None else runs < args.runs):
                 sess.run([train_op, loss], feed_dict=dict(zip((x, y), batch(runs + 1))) if args.feed_counter else None)
                 runs += 1
-                if args.wait_commit is not None and sv.step > args.wait_commit + 1:
+                if args.wait_commit is not None and sv.step >= args.wait_commit:
                     wait_for_commit(sv, sess, args.wait_commit)
                     args.wait_commit = None  # (once)
         print(f"spike_graph: ended at step {sv.step}", flush=True)

@@ -35,6 +35,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
+from procsv.watchdog.rules.actions import AuditRollback
+
 END_WAIT_SECS = 300.0  # --audit every: how long a trainer that finished waits for its last intervals' verdicts
 SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the launch's first two, always replayed)
 UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
@@ -102,20 +104,6 @@ class Judged:
     @property
     def rollback_before(self) -> Optional[int]:
         return self.interval.start + 1 if self.verdict == Verdict.TRAINER else None
-
-
-@dataclass(frozen=True)
-class AuditRollback:
-    """A trainer verdict acted on (:func:`rollback`): trainer ``attempt`` restores the newest state before step
-    ``before``, a bound that holds until a later attempt commits past ``stale`` (the newest step committed by
-    the timeline rolled back); ``finished``: that trainer had finished (restarted, not killed); ``why``: the
-    restart's reason, as the lifecycle and ``procsv report`` say it."""
-
-    attempt: int
-    before: int
-    stale: int
-    finished: bool
-    why: str
 
 
 @dataclass

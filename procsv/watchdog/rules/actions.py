@@ -238,3 +238,17 @@ class StartZygote:
 
 Action = Union[Spawn, Signal, TakeStacks, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, StopFailing, Finish,
                GiveUp, Settle, ArmChaos, SkipChaos, Promote, StandbyGone, NodeLost, StartZygote]
+
+
+@dataclass(frozen=True)
+class AuditRollback:
+    """A trainer verdict acted on (:func:`procsv.watchdog.audit.verdict.rollback`): trainer ``attempt`` restores the newest state before step
+    ``before``, a bound that holds until a later attempt commits past ``stale`` (the newest step committed by
+    the timeline rolled back); ``finished``: that trainer had finished (restarted, not killed); ``why``: the
+    restart's reason, as the lifecycle and ``procsv report`` say it."""
+
+    attempt: int
+    before: int
+    stale: int
+    finished: bool
+    why: str

@@ -14,10 +14,9 @@ from __future__ import annotations
 import signal
 from typing import Optional
 
-from procsv.watchdog.audit.verdict import AuditRollback
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
-from procsv.watchdog.rules.actions import (Action, ArmChaos, Cause, Finish, GiveUp, GiveUpService, Kill,
+from procsv.watchdog.rules.actions import (Action, ArmChaos, AuditRollback, Cause, Finish, GiveUp, GiveUpService, Kill,
                                      NodeLost, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
                                      StandbyGone, StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.rules.failures import ChildError, Failure
