@@ -158,7 +158,14 @@ def _two_fits(side: str, folder: str, capsys: Any) -> tuple[list[str], list[Any]
     spec.loader.exec_module(program)
     capsys.readouterr()
     out = os.path.join(folder, f"{side}.npz")
-    assert program.main([side, out, "--backup", os.path.join(folder, side)]) == 0
+    from tensorflow.python.framework import config as tf_config
+
+    was = tf_config.is_op_determinism_enabled()
+    try:
+        assert program.main([side, out, "--backup", os.path.join(folder, side)]) == 0
+    finally:  # (the program turns TensorFlow's op determinism on: process-wide, so off again for the worker's next tests)
+        if not was:
+            tf_config.disable_op_determinism()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("fit ")]
     with np.load(out) as data:
         return lines, [data[f"arr_{i}"] for i in range(len(data.files))]
