@@ -206,7 +206,11 @@ def test_a_worker_deadlocked_in_its_own_python_is_found_stuck_blamed_by_every_me
         stuck_at = next(n for n, line in enumerate(f, 1) if "stuck.acquire()  # never returns" in line)
     assert hang["where"].startswith(f"in one_step (group_local_nan.py:{stuck_at}), waiting in futex"), hang
     assert hang["reason"].startswith("stuck for ") and "(its group's members too)" in hang["reason"], hang
-    assert "(--stuck-secs 3)" in hang["reason"] and "which waits for it in TensorFlow" in hang["reason"], hang
+    assert "(--stuck-secs 3)" in hang["reason"], hang
+    # judged at the chief, waiting in the collective, whose stacks then blame worker1 (the reason says so); or, as
+    # once at load 6 in a fresh clone, at worker1 itself first (its own quiet wait: no blame to move, culprit as well)
+    if " at trainer," in hang["reason"]:
+        assert hang["reason"].endswith(", which waits for it in TensorFlow while it does not"), hang
     assert "the chief computes at step 10 for 5 s" in out
     with open(hang["stacks"]) as f:
         text = f.read()
