@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from procsv.ipc.codec import ProtocolError
+from procsv.ipc.codec import ProtocolError, loads_untrusted
 
 Row = tuple[str, int, float, float]  # tag, step, value, wall time
 ROW_BYTES = 28  # 8 (wall) + 8 (value) + 8 (step) + 4 (tag index)
@@ -84,7 +84,7 @@ def decode_columns(frame: Any, n: int) -> Columns:
     if len(buf) != start + ROW_BYTES * n:
         raise BadColumns(f"the columns frame has {len(buf)} bytes, not {start + ROW_BYTES * n} for {n} rows")
     try:
-        table = json.loads(bytes(buf[4:4 + length]))
+        table = loads_untrusted(bytes(buf[4:4 + length]))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadColumns(f"the tag table is not JSON: {exc}") from None
     if not isinstance(table, list) or not all(isinstance(t, str) and t for t in table):

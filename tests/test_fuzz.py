@@ -15,6 +15,7 @@ mismatch once, the steps went on and the next checkpoint commits and restores wi
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -223,6 +224,38 @@ def test_every_generated_message_is_refused_and_every_reason_is_covered(name):
     gen = Garbage(accept, SEED, big_frame=1 << 16)
     reasons = {_reason(next(gen), accept) for _ in range(3000)}
     assert reasons >= {r.value for r in RejectReason} - {RejectReason.NO_IDENTITY.value}
+
+
+def test_a_deep_header_runs_no_finalizer_out_of_stack(monkeypatch):
+    """A header nested past the recursion limit is refused, and a collection its parse would set off down there
+    (CI's run D: pytest's unraisable hook failed formatting a finalizer's RecursionError) waits until after."""
+    import sys
+
+    failed: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: failed.append(repr(u.exc_value)))
+    ran: list[int] = []
+
+    class Cycle:
+        def __del__(self) -> None:
+            def down(n: int) -> int:
+                return down(n - 1) if n else 0
+            ran.append(down(40))
+
+    old = gc.get_threshold()
+    try:
+        for threshold in range(900, 1000, 4):  # the collection falls at depths 900..1000 of the parse
+            gc.collect()
+            gc.set_threshold(threshold)
+            c = Cycle()
+            c.me = c  # type: ignore[attr-defined]
+            del c
+            with pytest.raises(ProtocolError) as refused:
+                decode([b"[" * 2000 + b"]" * 2000])
+            assert refused.value.reason == RejectReason.NOT_JSON
+    finally:
+        gc.set_threshold(*old)
+        gc.collect()
+    assert failed == [] and len(ran) == 25
 
 
 @given(st.lists(st.binary(max_size=200), max_size=4))
