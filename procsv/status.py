@@ -145,7 +145,8 @@ def spike_lines(spikes: Any) -> list[str]:
 
 def audit_lines(audit: Any) -> list[str]:
     """``status.json``'s ``audit`` (``--audit``, issue 71) in words: the fraction of the committed steps audited,
-    the verdicts, the hosts whose trainer an audit found computing wrongly, why the audit switched off."""
+    the verdicts, the hosts whose trainer an audit found computing wrongly, the auditor's duty cycle and what it
+    costs the trainer (once measured), why the audit switched off."""
     if not isinstance(audit, dict) or not audit.get("mode"):
         return []
     verdicts = ", ".join(f"{v} {n}" for v, n in sorted((audit.get("verdicts") or {}).items())) or "none yet"
@@ -154,7 +155,12 @@ def audit_lines(audit: Any) -> list[str]:
     wrong = audit.get("miscomputed") or {}
     if wrong:
         line += "; computed wrongly (rolled back), by host: " + ", ".join(f"{h} {n}" for h, n in wrong.items())
-    return [line] + ([f"  audit off: {audit['off']}"] if audit.get("off") else [])
+    lines = [line]
+    if audit.get("slowdown") is not None and not audit.get("off"):
+        lines.append(f"  auditor runs {float(audit.get('duty') or 0):.0%} of the time: a running auditor slows the "
+                     f"trainer {float(audit['slowdown']):.1%}, so the audit costs it "
+                     f"{float(audit.get('cost') or 0):.2%} (budget 0.5%)")
+    return lines + ([f"  audit off: {audit['off']}"] if audit.get("off") else [])
 
 
 def render(status: dict[str, Any], logdir: str) -> str:

@@ -162,6 +162,9 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
     assert audit_lines(audit) == ["  audit (every): 1200 of 1600 committed steps replayed bit-equal (75.0%); verdicts: "
                                   "match 3, trainer 1; computed wrongly (rolled back), by host: h1 1"]
     assert audit_lines({}) == []
+    paced = dict(audit, duty=0.08, slowdown=0.05, cost=0.004)
+    assert audit_lines(paced)[1] == ("  auditor runs 8% of the time: a running auditor slows the trainer 5.0%, so the "
+                                     "audit costs it 0.40% (budget 0.5%)")
     sim = Sim()
     sim.view.findings.audit, sim.view.findings.miscomputed = audit, {"h1": 1}
     registry = CollectorRegistry(auto_describe=False)

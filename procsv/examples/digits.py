@@ -219,7 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"digits: step {step} loss {float(loss):.4f} batch accuracy {float(acc):.3f}", flush=True)
     if sv.step >= args.steps:
         print(f"digits: finished {args.steps} steps (this process ran {sv.step - start} of them in "
-              f"{time.monotonic() - t0:.1f} s, {time.process_time() - c0:.2f} s of CPU, traced train_step {train_step.experimental_get_tracing_count()} "
+              f"{time.monotonic() - t0:.2f} s, {time.process_time() - c0:.2f} s of CPU, traced train_step {train_step.experimental_get_tracing_count()} "
               f"time(s), {traced_early} before its first step); test accuracy {test_accuracy():.3f}", flush=True)
     return 0
 

@@ -327,6 +327,13 @@ class Executor(Prewarmed):
                               AUDIT_FORK_RANK)
         return self.fork(pending, self.cfg.target, self.cfg.args)
 
+    def pause(self, slot: str, attempt: int, stopped: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) this host's child ``attempt`` of ``slot``: the audit's duty cycle
+        (:mod:`procsv.watchdog.audit.duty`). Nothing is recorded; nothing is sent once it is reaped."""
+        handle = self.handles.get((slot, attempt))
+        if handle is not None:
+            handle.send_signal(signal.SIGSTOP if stopped else signal.SIGCONT)
+
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""

@@ -13,7 +13,9 @@ checkpoint of a wrong state), which rule 1 restarts at once, not as a failure (`
 for its last verdicts: ``Findings.audit["end_waits"]``, bounded by ``END_WAIT_SECS``) is restarted the same way.
 The checkpoints the audit needs (:func:`~procsv.watchdog.audit.verdict.holds`) are told to the checkpoint
 service (:class:`~procsv.ipc.messages.AuditHold`) whenever they change and whenever a service says hello:
-retention keeps them.
+retention keeps them. The auditor runs only part of the time, stopped and continued as the duty cycle says
+(:mod:`procsv.watchdog.audit.duty`: pure, fed the trainer's :class:`~procsv.ipc.messages.Progress`), so that it
+costs the trainer at most half a percent of its steps.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import socket
 from typing import Callable, Optional
 
 from procsv.common.env import AUDIT
-from procsv.ipc.messages import AuditHold, AuditResult, Hello, Message, Role, SaveResult
+from procsv.ipc.messages import AuditHold, AuditResult, Hello, Message, Progress, Role, SaveResult
+from procsv.watchdog.audit import duty
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
                                            end_wait, holds, next_replay, pending, replayed, rollback, rolled_back)
 from procsv.watchdog.executor import Executor
@@ -49,12 +52,19 @@ class Auditors:
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
         self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
         self.end_waits = False  # a finished trainer's end waits for the audit (judge reads it in Findings.audit)
+        self.duty = duty.DutyCycle()
+        self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self._publish()
 
     def heard(self, msg: Message) -> None:
         """A message the watchdog drained: a commit closes an interval; an auditor's answer is judged; a
         checkpoint service's hello is told what to keep (a restarted one knows nothing)."""
         if self.book.mode == AuditMode.OFF:
+            return
+        if isinstance(msg, Progress):
+            trainer = self.view.children.get(TRAINER)
+            if trainer is not None and msg.pid == trainer.pid:
+                duty.heard(self.duty, self.ex.clock(), msg.wall_time, msg.step, bool(msg.busy) or not msg.stepped)
             return
         if isinstance(msg, SaveResult) and msg.ok and not msg.again:
             trainer = self.view.children.get(TRAINER)
@@ -83,6 +93,7 @@ class Auditors:
                 self._judge(Replay((), "", self.host, f"the auditor ended with {code} before its answer"))
             self.running = None
         self._hold()
+        self._pace(child)
         if self.view.finishing or self.running is not None:
             return
         trainer = self.view.children.get(TRAINER)
@@ -94,6 +105,21 @@ class Auditors:
         if self.ex.fork_auditor(self.attempt + 1, {AUDIT: f"{interval.start}:{interval.end}"}):
             self.attempt += 1
             self.running, self.answered = self.attempt, False
+            self._publish()
+
+    def _pace(self, child: Optional[ChildView]) -> None:
+        """Stop or continue the auditor as the duty cycle says (it runs free while the trainer does not train)."""
+        trainer = self.view.children.get(TRAINER)
+        live = child is not None and child.live and child.attempt == self.running
+        free = self.view.finishing or trainer is None or not trainer.live
+        run = duty.tick(self.duty, self.ex.clock(), free, live)
+        if not live:
+            self.stopped = None
+            return
+        assert child is not None
+        if run == (self.stopped == child.attempt):  # (stopped and to run, or running and to stop)
+            self.ex.pause(AUDITOR, child.attempt, stopped=not run)
+            self.stopped = None if run else child.attempt
             self._publish()
 
     def _finished(self) -> Optional[ChildView]:
@@ -162,7 +188,9 @@ class Auditors:
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
             "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
-            "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits}
+            "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
+            "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(
+                self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
 
 
 def _record(judged: Judged, host: str, attempt: int) -> Report:

@@ -1,0 +1,157 @@
+"""The auditor's duty cycle (issue 71): how much of the time it may run, so that the audit costs the trainer
+at most :data:`BUDGET` of its throughput.
+
+Runs in the watchdog. Pure: no clock (``now`` is the watchdog's, passed in), no process, no file; the executor
+(:mod:`procsv.watchdog.audit.auditors`) feeds it the trainer's :class:`~procsv.ipc.messages.Progress` and performs
+what :func:`tick` says (SIGSTOP or SIGCONT to the auditor).
+
+Why: an auditor at ``SCHED_IDLE`` takes only CPU no other process wants, yet it is not free. Measured on a
+2-core machine whose trainer used 1.05 cores: a trainer beside a running auditor made 3-9 % fewer steps a
+second (a plain busy loop at ``SCHED_IDLE`` cost it 7-15 %): its threads woke on a core the auditor held,
+which it gives up only at the next wake-up's preemption, with that core's caches the auditor's. How much it
+costs depends on the program and the machine, so it is measured, not assumed.
+
+How: the auditor runs in windows of :data:`RUN_SECS` and is stopped between them (a pause of at least
+:data:`PAUSE_MIN_SECS`). The trainer's steps per second in each run window, divided by its rate in the pauses
+on either side of it, is one sample of what a running auditor leaves the trainer; the slowdown ``x`` is one
+minus the median of the last :data:`SAMPLES` of them. The duty (the share of the time the auditor runs) is then
+the largest that costs at most :data:`TARGET` (``duty * x``), between :data:`MIN_DUTY` and 1: a machine
+with cores to spare (``x`` about 0) audits at full speed (a short pause every :data:`FREE_RUN_SECS` keeps
+measuring); a loaded one audits slowly and says so (the fraction of steps audited, ``procsv status``). A
+window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
+restarted, or the auditor was not running throughout, is no sample. While the trainer is not training (restarting, finished and waiting for its last
+verdicts) or the run is finishing, the auditor runs free.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+BUDGET = 0.005  # the share of the trainer's throughput the audit may cost (issue 71: within 0.5 %)
+TARGET = 0.8 * BUDGET  # what the duty aims at: the estimate is a median of noisy windows
+RUN_SECS = 1.0  # one run window while the duty is below FREE_DUTY
+FREE_RUN_SECS = 4.0  # one run window at a duty of 1 (the pauses then only keep measuring)
+FREE_DUTY = 0.8  # from this duty up, run windows are FREE_RUN_SECS
+PAUSE_MIN_SECS = 0.6
+WINDOW_STEPS = 10  # a window is at least this many of the trainer's steps long (a slow trainer's are longer)
+START_DUTY = 0.5  # before SAMPLES_MIN samples: a run window, then as long a pause
+MIN_DUTY = 0.02
+SAMPLES = 7  # the samples the slowdown is the median of
+SAMPLES_MIN = 3  # the duty stays START_DUTY until this many
+SETTLE_SECS = 0.15  # the trainer's reports this soon after a switch belong to neither window
+MIN_SPAN = 0.5  # a window's reports must span this share of it to give a rate
+
+
+@dataclass
+class DutyCycle:
+    """What the duty cycle knows: the duty, the window now (running or paused, since when, the trainer's
+    ``(time, step)`` reports heard in it after it settled, in stretches between the trainer's work between
+    steps, whether it is spoiled), the last pause's rate,
+    the last run window's rate waiting for the pause after it, and the samples (run rate / pause rate)."""
+
+    duty: float = START_DUTY
+    running: bool = True
+    since: Optional[float] = None
+    window: list[list[tuple[float, int]]] = field(default_factory=lambda: [[]])  # its stretches between works
+    spoiled: bool = False
+    pause_rate: Optional[float] = None
+    run_rate: Optional[float] = None
+    samples: list[float] = field(default_factory=list)
+    step_secs: float = 0.0  # the trainer's seconds a step, as its reports show them (between its last two steps)
+    last_step: Optional[tuple[float, int]] = None  # the trainer's newest (time, step) whose step was new
+
+    @property
+    def slowdown(self) -> Optional[float]:
+        """What a running auditor takes of the trainer's steps per second (median of the samples), or None
+        before :data:`SAMPLES_MIN` samples."""
+        if len(self.samples) < SAMPLES_MIN:
+            return None
+        return 1.0 - statistics.median(self.samples[-SAMPLES:])
+
+    @property
+    def cost(self) -> Optional[float]:
+        """The share of the trainer's throughput the audit costs at this duty (estimated)."""
+        x = self.slowdown
+        return None if x is None else max(0.0, x) * self.duty
+
+
+def run_secs(dc: DutyCycle) -> float:
+    """A run window: :data:`RUN_SECS` (:data:`FREE_RUN_SECS` at a duty near 1), or :data:`WINDOW_STEPS` steps."""
+    return max(FREE_RUN_SECS if dc.duty >= FREE_DUTY else RUN_SECS, WINDOW_STEPS * dc.step_secs + SETTLE_SECS)
+
+
+def pause_secs(dc: DutyCycle) -> float:
+    """The pause after a run window: the rest of the duty's cycle, at least :data:`PAUSE_MIN_SECS` or
+    :data:`WINDOW_STEPS` steps."""
+    return max(PAUSE_MIN_SECS, WINDOW_STEPS * dc.step_secs + SETTLE_SECS, run_secs(dc) * (1.0 - dc.duty) / dc.duty)
+
+
+def duty_for(slowdown: Optional[float]) -> float:
+    """The duty that keeps ``slowdown * duty`` at :data:`TARGET` (between :data:`MIN_DUTY` and 1)."""
+    if slowdown is None:
+        return START_DUTY
+    if slowdown <= TARGET:
+        return 1.0
+    return max(MIN_DUTY, min(1.0, TARGET / slowdown))
+
+
+def heard(dc: DutyCycle, now: float, wall: float, step: int, working: bool) -> None:
+    """The trainer reported ``step`` at its ``wall`` time (heard at ``now``); ``working``: between steps (a
+    snapshot, a final checkpoint) or not yet stepping: the stretch of the window ends there (the rate leaves the
+    work out), the next report begins another."""
+    if dc.last_step is not None and step > dc.last_step[1] and wall > dc.last_step[0]:
+        dc.step_secs = (wall - dc.last_step[0]) / (step - dc.last_step[1])
+    if dc.last_step is None or step != dc.last_step[1]:
+        dc.last_step = (wall, step)
+    if working:
+        if dc.window[-1]:
+            dc.window.append([])
+        return
+    if dc.since is None or now - dc.since < SETTLE_SECS:
+        return
+    last = next((seg[-1] for seg in reversed(dc.window) if seg), None)
+    if last is not None and (step < last[1] or wall <= last[0]):
+        dc.spoiled = True  # a restart, a rollback: not the same run of steps
+        return
+    dc.window[-1].append((wall, step))
+
+
+def _rate(dc: DutyCycle, length: float) -> Optional[float]:
+    """The trainer's steps a second in the window that ends (``length`` s long), if it is a sample."""
+    stretches = [seg for seg in dc.window if len(seg) >= 2]
+    steps = sum(seg[-1][1] - seg[0][1] for seg in stretches)
+    secs = sum(seg[-1][0] - seg[0][0] for seg in stretches)
+    if dc.spoiled or steps <= 0 or secs < MIN_SPAN * (length - SETTLE_SECS):
+        return None
+    return steps / secs
+
+
+def tick(dc: DutyCycle, now: float, free: bool, auditor_live: bool) -> bool:
+    """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
+    the trainer is not training or the run is finishing: run, and start measuring afresh after.
+    ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
+    if dc.running and not auditor_live:
+        dc.spoiled = True
+    if free:
+        dc.running, dc.since, dc.window, dc.spoiled = True, None, [[]], False
+        dc.pause_rate = dc.run_rate = None
+        return True
+    if dc.since is None:
+        dc.running, dc.since, dc.window, dc.spoiled = True, now, [[]], False
+        return True
+    due = run_secs(dc) if dc.running else pause_secs(dc)
+    if now - dc.since < due:
+        return dc.running
+    rate = _rate(dc, now - dc.since)
+    if dc.running:
+        dc.run_rate = rate
+    else:
+        if rate is not None and dc.run_rate is not None:
+            base = rate if dc.pause_rate is None else (rate + dc.pause_rate) / 2  # the pauses on both sides
+            dc.samples = (dc.samples + [dc.run_rate / base])[-SAMPLES:]
+            dc.duty = duty_for(dc.slowdown)
+        dc.pause_rate, dc.run_rate = rate, None
+    dc.running, dc.since, dc.window, dc.spoiled = not dc.running, now, [[]], False
+    return dc.running

@@ -1,0 +1,108 @@
+"""The audit's duty cycle (issue 71), pure: the auditor runs only as long as it costs the trainer at most half a
+percent of its steps, measured from the trainer's own reports with the auditor running and stopped."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from procsv.watchdog.audit.duty import (BUDGET, MIN_DUTY, SAMPLES_MIN, START_DUTY, WINDOW_STEPS, DutyCycle, duty_for,
+                                        heard, tick)
+
+Rate = Callable[[bool, float], float]  # (auditor running, time) -> the trainer's steps a second
+
+
+def simulate(rate: Rate, secs: float, *, live: Callable[[float], bool] = lambda t: True,
+             busy: Callable[[float], bool] = lambda t: False, free: Callable[[float], bool] = lambda t: False,
+             report_every: float = 0.1, tick_every: float = 0.02) -> tuple[DutyCycle, list[tuple[float, bool]]]:
+    """A trainer stepping at ``rate(running, t)``, reporting its step every ``report_every`` s (as Progress does),
+    and the watchdog's rounds every ``tick_every`` s; returns the cycle and when the auditor ran."""
+    dc = DutyCycle()
+    t, step, running, next_report = 0.0, 0.0, True, 0.0
+    ran: list[tuple[float, bool]] = []
+    while t < secs:
+        running = tick(dc, t, free(t), live(t))
+        ran.append((t, running and live(t)))
+        step += rate(running and live(t), t) * tick_every
+        t += tick_every
+        if t >= next_report:
+            heard(dc, t, t, int(step), busy(t))
+            next_report = t + report_every
+    return dc, ran
+
+
+def cost(rate: Rate, ran: list[tuple[float, bool]], after: float) -> float:
+    """The share of the trainer's steps the auditor took after ``after`` s: 1 - steps made / steps without it."""
+    made = sum(rate(r, t) for t, r in ran if t >= after)
+    alone = sum(rate(False, t) for t, r in ran if t >= after)
+    return 1.0 - made / alone
+
+
+def share(ran: list[tuple[float, bool]], after: float) -> float:
+    kept = [r for t, r in ran if t >= after]
+    return sum(kept) / len(kept)
+
+
+def test_an_auditor_that_slows_the_trainer_5_percent_runs_a_tenth_of_the_time_and_costs_it_under_half_a_percent() -> None:
+    def rate(running: bool, t: float) -> float:
+        return 950.0 if running else 1000.0
+    dc, ran = simulate(rate, 240.0)
+    assert dc.slowdown is not None and abs(dc.slowdown - 0.05) < 0.005, dc.samples
+    assert abs(dc.duty - 0.8 * BUDGET / 0.05) < 0.01 and dc.cost is not None and dc.cost <= BUDGET
+    assert cost(rate, ran, after=60.0) <= BUDGET, cost(rate, ran, after=60.0)
+    assert 0.05 <= share(ran, after=60.0) <= 0.12  # it still audits, slowly
+
+
+def test_an_auditor_on_a_spare_core_runs_most_of_the_time_pausing_only_to_measure() -> None:
+    dc, ran = simulate(lambda running, t: 1000.0, 120.0)
+    assert dc.slowdown == 0.0 and dc.duty == 1.0
+    assert share(ran, after=30.0) >= 0.8
+
+
+def test_the_cost_follows_the_machine_a_trainer_that_gets_crowded_later_is_paced_down_again() -> None:
+    def rate(running: bool, t: float) -> float:
+        return 1000.0 * (0.8 if running and t > 100 else 1.0)  # from 100 s on, a running auditor takes 20 %
+    dc, ran = simulate(rate, 300.0)
+    assert [r for t, r in ran if 30 < t < 100].count(True) / len([t for t, _ in ran if 30 < t < 100]) >= 0.8
+    assert dc.duty <= 0.8 * BUDGET / 0.2 + 0.005 and cost(rate, ran, after=220.0) <= BUDGET
+
+
+def test_noisy_reports_still_keep_the_cost_within_the_budget() -> None:
+    import random
+    rng = random.Random(71)
+    noise = {}
+
+    def rate(running: bool, t: float) -> float:
+        key = round(t, 2)
+        if key not in noise:
+            noise[key] = rng.gauss(1.0, 0.05)  # 5 % of jitter a round, far more than the effect
+        return 1000.0 * noise[key] * (0.96 if running else 1.0)
+    dc, ran = simulate(rate, 400.0)
+    assert dc.duty < 0.3, dc.samples
+    assert share(ran, after=120.0) * 0.04 <= BUDGET * 1.2  # the time it ran, times what running costs
+
+
+def test_snapshots_are_left_out_of_the_rates_and_a_window_without_a_running_auditor_is_no_sample() -> None:
+    def rate(running: bool, t: float) -> float:
+        if t % 1.5 < 0.1:
+            return 0.0  # a snapshot every 1.5 s: 0.1 s of work between steps, no step
+        return 900.0 if running else 1000.0
+    dc, _ = simulate(rate, 120.0, busy=lambda t: t % 1.5 < 0.1)
+    assert dc.slowdown is not None and abs(dc.slowdown - 0.1) < 0.01, dc.samples  # not the snapshots' pauses
+    dc, _ = simulate(lambda running, t: 900.0 if running else 1000.0, 60.0, busy=lambda t: True)
+    assert dc.samples == [] and dc.duty == START_DUTY  # nothing but work between steps: nothing measured
+    dc, _ = simulate(lambda running, t: 900.0 if running else 1000.0, 60.0, live=lambda t: False)
+    assert dc.samples == []  # no auditor ran: nothing measured
+    dc, ran = simulate(lambda running, t: 900.0 if running else 1000.0, 60.0, free=lambda t: True)
+    assert all(r for _, r in ran) and dc.samples == []  # the trainer not training (or the run finishing): free
+
+
+def test_a_slow_trainer_gets_windows_of_several_steps() -> None:
+    dc, ran = simulate(lambda running, t: 0.9 if running else 1.0, 900.0, report_every=0.1)
+    assert len(dc.samples) >= SAMPLES_MIN and dc.step_secs > 0.9
+    starts = [t for (t, r), (_, prev) in zip(ran[1:], ran) if r and not prev]
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= 2 * WINDOW_STEPS * 0.9  # a run and a pause, each >= 10 steps
+
+
+def test_the_duty_for_a_slowdown() -> None:
+    assert duty_for(None) == START_DUTY and duty_for(0.0) == 1.0 and duty_for(0.003) == 1.0
+    assert duty_for(0.04) == 0.1 and duty_for(10.0) == MIN_DUTY
