@@ -1,8 +1,12 @@
-"""--audit (issue 71) with real processes: one launch whose trainer has one bit of one weight flipped.
+"""--audit (issue 71) with real processes: a launch whose trainer has one bit of one weight flipped, eager and
+TF1 graph (a ``MonitoredTrainingSession`` loop).
 
 CPU: one digits launch of 1200 steps under ``--audit every`` (checkpoints every 400 steps; the trainer sleeps
 20 ms a step) with a hot standby and six auditors at SCHED_IDLE, each a fork of the zygote replaying 400 steps,
-and 400 steps trained again after the rollback: about 14 CPU-s (measured: see the commit).
+and 400 steps trained again after the rollback: about 14 CPU-s (measured: see the commit). The graph one: a
+600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps, 5 ms a step),
+six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
+reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps).
 """
 
 from __future__ import annotations
@@ -51,3 +55,39 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"
+
+
+def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_and_bit_equal(logdir) -> None:
+    """The TF1 graph program users write most, a ``MonitoredTrainingSession`` loop (the seeds' example, TF's own
+    guide's): the bit flips after step 500, in the launch's last interval (400-600; the first, 0-200, begins where
+    the trainer began, a checkpoint taken as its session started: replayed, it proves nothing; 200-400 matching
+    does). Each auditor replays in a graph session of its own from checkpoint S1; two replays agree with each
+    other, not with the trainer: the trainer on this host is named and trains again from step 400; the run ends
+    succeeded, its variables (restored by TF's own Saver) bit-equal to a plain session loop's."""
+    from procsv.examples.seeds_tf1.model import checkpoint_variables, variables_after
+
+    code, out, err = finish(launch(logdir, "--steps", "600", "--save-checkpoint-steps", "200", "--step-delay", "0.005",
+                                   target="procsv.examples.seeds_tf1.monitored_training", opts=("--audit", "every"),
+                                   env=quiet_env(PROCSV_FAULT="trainer:bitflip:500")), timeout=300)
+    assert code == 0, err[-3000:]
+    said = out + err
+    assert "fault injected: bit 20 of w:0[0] flipped after step 500" in said, said[-3000:]  # (the premise)
+    events = lifecycle(logdir)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
+    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (400, 600), audits
+    assert {("match", 0, 200), ("match", 200, 400), ("match", 400, 600)} <= set(audits), audits  # 400-600 again
+    host = wrong[0]["host"]
+    assert host and "w" in wrong[0]["differ"], wrong
+    assert "auditor restored step 400; replaying to step 600" in said, said[-3000:]
+    assert f"the trainer on host {host} computed steps 400-600 wrongly" in err
+    assert "the trainer had finished; it trains again from step 400" in err
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps 400-600 wrongly"], restarting
+    assert [e["step"] for e in events if e["event"] == "restored"] == [400]
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
+    clean, got = variables_after(600), checkpoint_variables(f"{logdir}/model.ckpt-600")
+    assert clean.keys() == got.keys()
+    for key in clean:
+        assert (clean[key] == got[key]).all(), f"{key} differs after the audit's rollback"

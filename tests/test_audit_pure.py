@@ -231,11 +231,47 @@ def test_replays_that_agree_and_miss_the_trainer_before_the_program_is_known_to_
     assert left.verdict == Verdict.UNAUDITED and left.rollback_before is None and ends.ended() is None
 
 
+def test_an_interval_from_the_step_its_trainer_began_at_is_a_fresh_start_as_the_replays_and_proves_nothing_exact(
+        ) -> None:
+    """A graph program's first checkpoint (a MonitoredTrainingSession's, the graph Supervisor's) is taken as its
+    session starts, at the step its trainer began at: the interval from there starts from a fresh process's state,
+    as its replays do. Its match says nothing of state no checkpoint holds (a seeded tf.random op's counter): the
+    next interval that differs is a candidate, and the one after switches the audit off, nothing rolled back (a
+    seeded graph program measured: without this, every interval rolled back). A mismatch of it is the trainer's at
+    once, as a restarted trainer's first interval's."""
+    def judge(book: AuditBook, *answers: Replay) -> object:
+        next_replay(book, False)
+        out = None
+        for a in answers:
+            out = replayed(book, a)
+        return out
+
+    seeded = AuditBook(mode=AuditMode.EVERY)
+    for s in (0, 200, 400, 600):
+        committed(seeded, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, began=0)
+    assert [i.resumed for i in seeded.queue] == [True, False, False]
+    assert judge(seeded, GOOD, GOOD).verdict == Verdict.MATCH and not seeded.exact
+    assert judge(seeded, BAD, BAD).verdict == Verdict.UNDECIDED
+    off = judge(seeded, BAD, BAD)
+    assert off.verdict == Verdict.NONDETERMINISTIC and "do not replay from a checkpoint" in seeded.off
+    assert not any(v.verdict == Verdict.TRAINER for v in seeded.verdicts)
+
+    flipped = AuditBook(mode=AuditMode.EVERY)  # a bit flipped in that first interval: the trainer's fault at once
+    for s in (0, 200):
+        committed(flipped, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, began=0)
+    assert judge(flipped, BAD, BAD).verdict == Verdict.TRAINER
+
+    later = AuditBook(mode=AuditMode.EVERY)  # a trainer that began before the interval (or unknown): ran on into it
+    for s, began in ((200, 0), (400, 0), (600, None)):
+        committed(later, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, began=began)
+    assert [i.resumed for i in later.queue] == [False, False]
+
+
 def test_a_kind_of_program_not_audited_says_so_once_and_switches_the_audit_off() -> None:
-    """A TF1 graph program's auditor answers that it is not audited in this slice: once, not every interval."""
+    """A program with no state to save: its auditor answers that it is not audited: once, not every interval."""
     book = _book(steps=(100, 200, 300, 400))
     next_replay(book, False)
-    judged = replayed(book, Replay((), "", "h", "a TF1 graph program or no state to save: not audited in this slice"))
+    judged = replayed(book, Replay((), "", "h", "a program with no state to save: not audited in this slice"))
     assert judged.verdict == Verdict.UNAUDITED and book.off and "audit off for this launch" in judged.line
     assert next_replay(book, False) is None and not pending(book)
     assert holds(book) == []  # (the intervals it had queued are not kept past max_to_keep for ever)

@@ -196,6 +196,7 @@ class Supervisor(SupervisorNames):
         self._outcome: Optional[outcome.Slot] = None  # registered when its first session starts
         self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups = WarmUps()  # warm_up(): traced at prepare
+        self._audit: Optional[AuditReplay] = None  # an auditor's replay (issue 71), once its session is prepared
 
     @property
     def _ctx(self) -> Optional[bootstrap.ChildContext]:
@@ -377,7 +378,8 @@ class Supervisor(SupervisorNames):
             self._rollback.watch.losses.warm()  # the loss check's kernels, off the in-memory tier's first snapshots
         warm_secs = self._clock() - w0
         if self._ctx is not None and child.audit is not None:  # an auditor (issue 71): S1 exactly, then no side effect
-            return self._replay(AuditReplay(self._ctx, child.audit, self.checkpoint, self._global_step))
+            return self._replay(AuditReplay(self._ctx, child.audit, self.checkpoint, self._global_step), master,
+                                config, start_standard_services)
         if self._ctx is not None and child.standby:  # a hot standby: everything before this is done already
             child = self._config = standby.wait_for_promotion(self._ctx)  # its Promotion's, no standby
         t0 = self._clock()
@@ -417,7 +419,8 @@ class Supervisor(SupervisorNames):
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
-        bitflip.arm(self._session, self.checkpoint)  # (the tests' silent corruption; nothing unless PROCSV_FAULT says)
+        bitflip.arm(self._session, self.checkpoint, lambda: self._state.step)  # (the tests' silent corruption; nothing
+        # unless PROCSV_FAULT says)
         self._boundary.start(save=bool(self._graph and self._graph.checkpoint_at_start and start_standard_services
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts
         if (self.is_chief or self._rollback.watch.group_refusal) and self.layout is not None:  # (a group: each member)
@@ -425,11 +428,22 @@ class Supervisor(SupervisorNames):
             self._rollback.resume(step, child.resume.skip_steps)
         return self._session
 
-    def _replay(self, replay: AuditReplay) -> Any:
+    def _replay(self, replay: AuditReplay, master: str, config: Any, start: bool) -> Any:
         """An auditor's session: checkpoint S1 restored, S2 read, the step boundary the replay's alone (no
-        channels: nothing goes to the services or the watchdog until the replay's one answer)."""
-        replay.begin(graph_mode=self._graph is not None)
-        self._session = AuditSession(self._state, self.should_stop, replay)
+        channels: nothing goes to the services or the watchdog until the replay's one answer). Graph mode: a
+        graph session of its own, S1 restored in it, then ``local_init_op``, the ready check and the queue
+        runners as at any start, nothing written (:meth:`~procsv.trainer.graph.supervised.GraphSupervised.replaying`)."""
+        graph = self._graph
+        if graph is not None:
+            self._session = graph.open_session(master, config, self.should_stop)
+        replay.begin()
+        if self._keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
+            self._keeper.agent.replaying_from(replay.start)
+        if graph is not None:
+            graph.replaying(self._surface.start_queue_runners, start)
+        else:
+            self._session = AuditSession(self._state, self.should_stop, replay)
+        self._audit = replay
         self._state.step = int(self._global_step.numpy())
         replay.claim(self._state)
         return self._session
@@ -476,8 +490,8 @@ class Supervisor(SupervisorNames):
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
-        if isinstance(self._session, AuditSession):  # an auditor's program ended (at S2, its last step: compare)
-            self._session.replay.end(self._state.step)
+        if self._audit is not None:  # an auditor's program ended (at S2, its last step: compare; before it: said)
+            self._audit.end(self._state.step)
         self._stopped = self._started
         channels = self._channels
         if channels is None:

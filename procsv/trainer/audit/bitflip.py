@@ -4,6 +4,9 @@ weight once, right after the n-th step this trainer runs (its first attempt only
 Runs in the trainer (never in an auditor: its Supervisor replays before this is armed). Nothing fails, nothing
 is said: the weight is simply wrong from then on, as a mercurial core would leave it, and every snapshot after
 it holds the flipped bit; only an audit of the interval can tell (``scripts/bench_audit.py``, the tests).
+An eager step is a ``session.run(step_fn)``; a TF1 graph program's is a ``session.run`` that advanced the step
+(its variable is then the first trainable float32 one the graph's checkpoint saves, written back through the
+session with its initializer fed: the finalized graph takes no new op).
 """
 
 from __future__ import annotations
@@ -15,44 +18,67 @@ import numpy as np
 
 from procsv.common import faults
 from procsv.common.bootstrap import read_faults
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 
 BIT = 20  # a float32 mantissa bit: the value changes (by about 1e-1 of itself at most), stays finite
 
 
 def victim(checkpoint: Any) -> Any:
     """The first trainable float32 variable of the state (by TF's traversal order; a ``tf.Variable`` or a Keras 3
-    variable): a weight, not a step, a counter or a learning rate."""
+    variable): a weight, not a step, a counter or a learning rate. A graph program's: of its checkpoint's
+    variables, in their order (the Saver's)."""
     import tensorflow as tf
 
-    for obj in tf.train.TrackableView(checkpoint).descendants():
+    found = getattr(checkpoint, "var_list", {}).values() if isinstance(checkpoint, NameBasedCheckpoint) \
+        else tf.train.TrackableView(checkpoint).descendants()
+    for obj in found:
         if (getattr(obj, "trainable", False) and hasattr(obj, "assign") and "float32" in str(getattr(obj, "dtype", ""))
                 and int(np.prod(obj.shape)) > 0):
             return obj
     return None
 
 
+def flipped(value: Any, bit: int = BIT) -> np.ndarray:
+    """``value`` with ``bit`` of its first element flipped (a copy)."""
+    out = np.array(value, copy=True)
+    out.reshape(-1).view(np.uint32)[0] ^= np.uint32(1 << bit)
+    return out
+
+
 def flip(variable: Any, bit: int = BIT) -> None:
     """Flip ``bit`` of the first element of ``variable`` (in place)."""
-    value = np.array(variable.numpy(), copy=True)
-    value.reshape(-1).view(np.uint32)[0] ^= np.uint32(1 << bit)
-    variable.assign(value)
+    variable.assign(flipped(variable.numpy(), bit))
 
 
-def arm(session: Any, checkpoint: Any) -> None:
+def flip_in_graph(variable: Any, session: Any, bit: int = BIT) -> None:
+    """Flip ``bit`` of the first element of the graph variable ``variable``, through ``session`` (a raw
+    ``tf.compat.v1.Session``): its initializer run with the flipped value fed (``Variable.load``'s way)."""
+    init = variable.initializer
+    session.run(init, {init.inputs[1]: flipped(session.run(variable), bit)})
+
+
+def arm(session: Any, checkpoint: Any, step: Callable[[], int]) -> None:
     """Wrap ``session.run`` so that the step :mod:`procsv.common.faults` names flips one bit (when
-    ``PROCSV_FAULT`` names this point; else nothing is wrapped and the step path is unchanged)."""
+    ``PROCSV_FAULT`` names this point; else nothing is wrapped and the step path is unchanged). ``step``: the
+    session's step now (a graph program's run is a step when it moved it)."""
     if not read_faults().spec.startswith("trainer:bitflip") or checkpoint is None:
         return
     run: Callable[..., Any] = session.run
+    graph = isinstance(checkpoint, NameBasedCheckpoint)
 
-    def run_then_flip(step_fn: Any, *args: Any, **kwargs: Any) -> Any:
-        out = run(step_fn, *args, **kwargs)
-        if callable(step_fn) and faults.fires("trainer", "bitflip"):
+    def run_then_flip(fetches: Any, *args: Any, **kwargs: Any) -> Any:
+        before = step()
+        out = run(fetches, *args, **kwargs)
+        stepped = step() != before if graph else callable(fetches)
+        if stepped and faults.fires("trainer", "bitflip"):
             target = victim(checkpoint)
             if target is not None:
-                flip(target)
-                print(f"procsv: fault injected: bit {BIT} of {getattr(target, 'path', target.name)}[0] flipped after a step", file=sys.stderr,
-                      flush=True)
+                if graph:
+                    flip_in_graph(target, session.raw)
+                else:
+                    flip(target)
+                print(f"procsv: fault injected: bit {BIT} of {getattr(target, 'path', target.name)}[0] flipped after "
+                      f"step {step()}", file=sys.stderr, flush=True)
         return out
 
     session.run = run_then_flip

@@ -10,8 +10,11 @@ boundary at S2, where its state is compared with S2 tensor by tensor (a digest p
 :class:`~procsv.ipc.messages.AuditResult` goes to the watchdog and the process exits 0. A program that ends
 before S2, or a checkpoint retired before the auditor read it, is an answer with an ``error``, not a verdict.
 
-Eager programs only in this slice (a ``tf.train.Checkpoint``); a TF1 graph program's auditor answers with an
-error.
+An eager program's state is its ``tf.train.Checkpoint``, written by TF into a temporary folder at S2 and read
+back; a TF1 graph program's (the graph ``Supervisor``'s, ``MonitoredTrainingSession``'s: a
+:class:`~procsv.trainer.checkpoint.name_based.NameBasedCheckpoint`) is restored and read in the replay's own
+graph session, keyed as the graph's Saver writes it (``w``, ``w/Momentum``, ``global_step``), with one read at
+S2. A program with no state to save answers with an error (:data:`UNSUPPORTED`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from procsv.common.errors import ProcsvError
 from procsv.common.layout import Layout
 from procsv.common.manifests import Manifest, list_committed, restoring
 from procsv.ipc.messages import AuditResult
+from procsv.trainer.checkpoint.name_based import NameBasedCheckpoint
 from procsv.ipc.transport import make_socket, send
 from procsv.trainer.checkpoint.restore_at_start import verify_and_restore
 from procsv.trainer.managed import ManagedSession
@@ -60,6 +64,16 @@ def read_digests(path: str) -> dict[str, str]:
             if not k.startswith(SKIPPED_KEYS)}
 
 
+def state_digests(checkpoint: Any, scratch: str) -> dict[str, str]:
+    """This process's state now, digested by key (but :data:`SKIPPED_KEYS`): a TF1 graph program's variables
+    read in its session, keyed as its Saver writes them (what procsv's checkpoint of it holds); an eager one's
+    ``tf.train.Checkpoint`` as TF writes it (into the folder ``scratch``, then read back)."""
+    if isinstance(checkpoint, NameBasedCheckpoint):
+        return {k: digest(v) for k, v in sorted(checkpoint.gather()) if not k.startswith(SKIPPED_KEYS)}
+    checkpoint.write(os.path.join(scratch, "state"))
+    return read_digests(os.path.join(scratch, "state"))
+
+
 def differing(mine: dict[str, str], theirs: dict[str, str]) -> list[str]:
     """The keys whose digests differ, or that one side lacks, sorted (pure)."""
     return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
@@ -85,11 +99,11 @@ class AuditReplay:
         self.theirs: dict[str, str] = {}
         self.counter: Any = None
 
-    def begin(self, graph_mode: bool) -> None:
+    def begin(self) -> None:
         """Restore exactly checkpoint S1 and digest checkpoint S2, under the restore lock; a failure answers
-        with its error and ends the process."""
-        if graph_mode or self.checkpoint is None:
-            self._answer([], "", f"a TF1 graph program or no state to save: {UNSUPPORTED}")
+        with its error and ends the process. (A graph program's session is open: its restore runs in it.)"""
+        if self.checkpoint is None:
+            self._answer([], "", f"a program with no state to save: {UNSUPPORTED}")
         layout = self.ctx.layout
         with restoring(layout):  # (retention deletes nothing meanwhile; the watchdog's links hold them after)
             first, last = _manifest(layout, self.start), _manifest(layout, self.end_step)
@@ -123,8 +137,7 @@ class AuditReplay:
         if self.counter is not None:
             self.counter.sync()
         with tempfile.TemporaryDirectory(dir=self.ctx.endpoints.runtime_dir, prefix="audit.") as tmp:
-            self.checkpoint.write(os.path.join(tmp, "state"))  # this process's own state, as TF writes it
-            mine = read_digests(os.path.join(tmp, "state"))
+            mine = state_digests(self.checkpoint, tmp)  # this process's own state, as its checkpoint holds it
         self._answer(differing(mine, self.theirs), whole(mine), "")
 
     def _answer(self, differ: list[str], state: str, error: str) -> NoReturn:

@@ -296,6 +296,11 @@ class CheckpointAgent:
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
 
+    def replaying_from(self, step: int) -> None:
+        """An auditor restored committed checkpoint ``step`` itself (issue 71: no :meth:`restore_or_init`): the
+        newest committed step is that one (a save of it asked at the session's start is done)."""
+        self.view.restored(step)
+
     def restored_memory(self, step: int, newest_committed: int, peer: bool = False,
                         passed: Optional[Mapping[int, int]] = None) -> None:
         """The group's in-memory snapshot of ``step`` was restored (not on disk: the newest committed

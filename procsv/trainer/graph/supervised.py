@@ -215,6 +215,21 @@ class GraphSupervision:
             if self._settings.save_summaries_secs:  # TF's summary thread runs summary_op once as it starts
                 self.summary(at_start=int(setup.step.numpy()))
 
+    def replaying(self, start_queue_runners: Callable[[Any], Any], start: bool) -> None:
+        """An auditor's session (issue 71), checkpoint S1 restored in it: ``local_init_op``, the ready check
+        and the session live, the queue runners started as :meth:`ready` starts them; nothing written (no
+        ``graph.pbtxt``, no graph events, no ``summary_op`` at the start): the replay has no side effect."""
+        setup = self.setup
+        sess = setup.session
+        finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
+        setup.prepared = False
+        observe = getattr(setup.step, "observe", None)
+        if observe is not None and setup.global_step is not None:
+            observe(int(sess.raw.run(setup.global_step)))
+        sess.live = True
+        if start:
+            start_queue_runners(sess)
+
     def _graph_events(self, setup: Any) -> None:
         """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), then the MetaGraphDef: the
         Supervisor's of its construction (TF's ``_write_graph``), or with ``meta_graph_event`` one of the

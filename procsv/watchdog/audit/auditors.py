@@ -72,7 +72,10 @@ class Auditors:
                 return  # a late commit of an attempt that is gone (a rolled-back one's, say): no interval of its
             last = self.book.last[0] if self.book.last is not None else msg.step
             eligible = self.world == 1 and not any(last < s <= msg.step for s in self.view.skipped_steps)
-            committed(self.book, msg.step, msg.path, eligible, msg.attempt)
+            # the step its attempt began at (its TrainerReady's): an interval from there replays a fresh start
+            began = trainer.restored_step if trainer is not None and trainer.attempt == msg.attempt \
+                and trainer.ready_at is not None else None
+            committed(self.book, msg.step, msg.path, eligible, msg.attempt, began)
             self._publish()
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
             self.answered = True

@@ -20,7 +20,8 @@ Replays that agree with each other and not with the trainer are believed of the 
 once the program's steps are known to replay from a checkpoint as its trainer ran them: a program whose
 state is not all in its checkpoint (a Keras ``Dropout`` layer under ``keras.utils.set_random_seed``: its
 seed generator restarts in every fresh process) replays the same way twice and never the trainer's way.
-Until an interval the trainer ran on from before its start (not :attr:`Interval.resumed`) has matched
+Until an interval the trainer ran on from before its start (not :attr:`Interval.resumed`: an interval from the
+step its trainer began at is resumed, a graph program's checkpoint at its session's start included) has matched
 (:attr:`AuditBook.exact`), such a result is a *candidate*: the next such interval decides. It matches: the
 program replays exactly and the candidate was the trainer's fault (a wrong bit stays in the state, so the
 interval after it replays as the trainer ran it), rolled back to the candidate's start; it also differs:
@@ -70,8 +71,9 @@ class Interval:
     end: int
     start_path: str
     end_path: str
-    resumed: bool = False  # the trainer that committed ``end`` began at ``start`` (a restore, a restart): its own
-    # start is a fresh process's, as the replay's is
+    resumed: bool = False  # the trainer that committed ``end`` began at ``start`` (a restore, a restart, or a launch's
+    # first checkpoint taken as its session started: a graph program's, a MonitoredTrainingSession's): its own start
+    # is a fresh process's, as the replay's is
 
 
     @property
@@ -133,17 +135,22 @@ class AuditBook:
         """The fraction of the committed steps audited (0 before any interval)."""
         return self.audited_steps / self.covered_steps if self.covered_steps else 0.0
 
-    def commit(self, step: int, path: Optional[str], eligible: bool, attempt: int = 0) -> None:
-        """A commit of ``step`` at ``path`` (not an ``again``) by trainer ``attempt`` (0: unknown). ``eligible``: the
-        interval it closes was trained by one trainer on its own, exactly (no rollback in force, no skipped step
-        in it, not a group): else it is not replayed, and the next starts at this commit."""
+    def commit(self, step: int, path: Optional[str], eligible: bool, attempt: int = 0,
+               began: Optional[int] = None) -> None:
+        """A commit of ``step`` at ``path`` (not an ``again``) by trainer ``attempt`` (0: unknown), which began at step
+        ``began`` (its restore's or its initialization's; None: unknown). ``eligible``: the interval it closes was
+        trained by one trainer on its own, exactly (no rollback in force, no skipped step in it, not a group): else
+        it is not replayed, and the next starts at this commit. An interval from the step its trainer began at is
+        :attr:`Interval.resumed` whoever committed its start (a checkpoint at the session's start: that trainer's
+        state at ``start`` was a fresh process's too)."""
         if path is None:
             return
         last, self.last = self.last, (step, path)
         before, self.last_attempt = self.last_attempt, attempt or None
         if self.mode == AuditMode.OFF or self.off or last is None or step <= last[0] or not eligible:
             return
-        interval = Interval(last[0], step, last[1], path, resumed=before is None or before != attempt)
+        fresh = before is None or before != attempt or (began is not None and last[0] <= began)
+        interval = Interval(last[0], step, last[1], path, resumed=fresh)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
         if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
@@ -279,9 +286,10 @@ def end_wait(book: AuditBook, ended_at: float, now: float) -> bool:
     return pending(book) and now - ended_at < END_WAIT_SECS
 
 
-def committed(book: AuditBook, step: int, path: Optional[str], eligible: bool, attempt: int = 0) -> None:
+def committed(book: AuditBook, step: int, path: Optional[str], eligible: bool, attempt: int = 0,
+              began: Optional[int] = None) -> None:
     """:meth:`AuditBook.commit`."""
-    return book.commit(step, path, eligible, attempt)
+    return book.commit(step, path, eligible, attempt, began)
 
 
 def rolled_back(book: AuditBook, judged: Judged) -> None:
