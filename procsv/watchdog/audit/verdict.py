@@ -41,7 +41,8 @@ from procsv.watchdog.rules.actions import AuditRollback
 END_WAIT_SECS = 300.0  # --audit every: how long a trainer that finished waits for its last intervals' verdicts
 SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the launch's first two, always replayed)
 UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
-QUEUE_MAX = 3  # intervals waiting for an auditor; an older one is dropped (retention would take its S1 first)
+QUEUE_MAX = 3  # intervals waiting for an auditor; past it, two are merged (--audit every) or the oldest dropped
+MERGE_MAX = 8  # a merged interval is at most this many times as long as the newest (past it: the oldest dropped)
 
 
 class AuditMode(str, enum.Enum):
@@ -154,7 +155,7 @@ class AuditBook:
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
         if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
-            self.queue = [*self.queue, interval][-QUEUE_MAX:]
+            self.queue = waiting([*self.queue, interval], self.mode)
 
     def rolled_back(self, judged: Judged) -> None:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
@@ -253,6 +254,23 @@ class AuditBook:
         self.current, self.answers = None, []
         self.verdicts.append(judged)
         return judged
+
+
+def waiting(queue: list[Interval], mode: AuditMode) -> list[Interval]:
+    """The intervals that wait for an auditor, at most :data:`QUEUE_MAX`. An auditor slower than the trainer (a
+    loaded machine: its duty cycle; intervals shorter than its start-up) falls behind; under ``--audit every``
+    two consecutive intervals waiting are then replayed as one (the first pair that can: the second not
+    :attr:`Interval.resumed`, the whole at most :data:`MERGE_MAX` times the newest), so that no step goes
+    unaudited: a dropped interval is a hole a fault in it passes through for good (every later interval starts
+    from the state it left). Otherwise (sampled, nothing can merge) the oldest is dropped."""
+    if len(queue) <= QUEUE_MAX:
+        return queue
+    if mode == AuditMode.EVERY:
+        for i, (a, b) in enumerate(zip(queue, queue[1:])):
+            if a.end == b.start and not b.resumed and b.end - a.start <= MERGE_MAX * queue[-1].steps:
+                merged = Interval(a.start, b.end, a.start_path, b.end_path, resumed=a.resumed)
+                return waiting([*queue[:i], merged, *queue[i + 2:]], mode)
+    return queue[-QUEUE_MAX:]
 
 
 def sampled(index: int, mode: AuditMode) -> bool:
