@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import warnings
 import time
 from email.parser import Parser
 from typing import Any, Callable, Iterator, Optional
@@ -359,16 +358,20 @@ def _op_determinism() -> bool:
 @pytest.fixture(autouse=True)
 def op_determinism_unchanged(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that turns TensorFlow's op determinism on in this process (an example's or a program's
-    ``main`` run in-process) turns it off again here, with a warning naming it: it is process-wide, and every
-    later test of this xdist worker that builds a random op without a seed failed (a one-shot iterator of a
-    ``tf.compat.v1`` graph in ``test_graph_hooks_tf``, tonight, after the long tests' order changed)."""
+    ``main`` run in-process) must turn it off again itself (as ``test_keras_fit_again``'s two fits do): it is
+    process-wide, and every later test of this xdist worker that builds a random op without a seed failed (a
+    one-shot iterator of a ``tf.compat.v1`` graph in ``test_graph_hooks_tf``, after the long tests' order
+    changed). One that leaves it on fails at its teardown, here, naming itself; it is turned off again first,
+    so the worker's later tests run as they would have."""
     before = _op_determinism()
     yield
     if not before and _op_determinism():
         from tensorflow.python.framework import config as tf_config
 
         tf_config.disable_op_determinism()
-        warnings.warn(f"{request.node.nodeid} turned TensorFlow's op determinism on in the xdist worker; turned off again")
+        pytest.fail(f"{request.node.nodeid} turned TensorFlow's op determinism on in the xdist worker and left it "
+                    "on (turned off again here): turn it off again in the test, as test_keras_fit_again does",
+                    pytrace=False)
 
 
 @pytest.fixture

@@ -13,18 +13,20 @@ The same thing against a real service process, with real SIGKILLs, is in test_su
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from procsv.ipc.codec import decode, encode
 from procsv.ipc.columns import Columns, decode_columns
-from procsv.ipc.messages import SummaryAck, SummaryBatch
+from procsv.ipc.messages import SessionLogEvent, SummaryAck, SummaryBatch
 from procsv.services.summary.sessions import Sessions, Verdict
 from procsv.trainer.summaries import SummaryBuffer, SummarySender
 from procsv.trainer.summaries import sender as sender_mod
 from procsv.trainer.summaries.buffer import FLUSH_EVERY
-from procsv.trainer.summaries.log import restate_from
+from procsv.trainer.settings import Settings
+from procsv.trainer.summaries.log import SummaryLog, restate_from
 
 
 class Clock:
@@ -228,6 +230,63 @@ def test_a_graph_summary_of_the_restored_step_logged_again_replaces_the_dead_tra
     assert svc.read_back()["loss"] == [(0, 0.0), (100, 100.5), (200, 200.5)]
 
 
+class _Channels:
+    """A session's connection (TrainerChannels) to the model service: its START as a file event."""
+
+    watchdog = None
+
+    def __init__(self, svc: ModelService) -> None:
+        self.svc = svc
+
+    def to_summary(self, msg: Any, payload: Any = ()) -> bool:
+        if isinstance(msg, SessionLogEvent):  # SummaryLog.start_session's START, written as it comes
+            self.svc.events.append(("start", msg.step))
+            return True
+        return self.svc.send(msg, payload)
+
+    def summary_acks(self, timeout: float = 0.0) -> list[SummaryAck]:
+        return self.svc.read_acks(timeout)
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_a_summary_of_the_restored_step_after_a_run_that_made_no_step(graph):
+    # the Supervisor page's manual summaries as procsv's seeds_tf1 example runs them: each session first
+    # reads the global step (`range(sess.run(global_step), ...)`), a run that makes no step, whose boundary
+    # work hands off what is due (StepBoundary.between_steps); then, at every 100th global step g, the loss
+    # before the train op of step g + 1. Trainer A logs 0 and 100, trains to 130 and dies; B restores step 100.
+    # Before: B's first hand-off came at that first run, with nothing logged, and fixed its first batch's
+    # START at 101, so its loss at step 100 came after it, beside A's (CI, test_seeds_tf1[manual_summaries]:
+    # [0, 100, 100, 200]). An eager program's point at the step it restored, logged before its first step,
+    # is kept beside the dead trainer's, as guarantees.md says ("What is guaranteed", TensorBoard).
+    svc = ModelService()
+    settings = Settings(save_summaries_secs=None, summary_fn=None, stop_grace_secs=5.0, recovery_wait_secs=1.0,
+                        init_fn=None, checkpoint_basename="model.ckpt")
+
+    def trainer(session: str, begin: int, end: int) -> None:
+        clock = Clock()
+        state = SimpleNamespace(step=begin, losses=None)
+        log = SummaryLog(state, clock, settings, chief=True, writes=True, writer=True,
+                         graph_summary=(lambda: None) if graph else None)
+        log.attach(_Channels(svc))
+        log.start_session(begin, purge=session == "B", logdir=None)
+        log.flush(False)  # the run that reads the global step: no step
+        for g in range(begin, end):
+            if g % 100 == 0:
+                log.summary_computed(None, {"loss": float(g) + (0.5 if session == "B" else 0.0)})
+            state.step = g + 1
+            log.flush(False, urgent=True)  # the boundary of step g + 1
+            clock.t += FLUSH_EVERY * 1.01
+            svc.handle(8)
+        assert log.sender is not None and not log.sender.unconfirmed()
+
+    trainer("A", 0, 130)
+    trainer("B", 100, 300)
+    if graph:
+        assert svc.read_back()["loss"] == [(0, 0.0), (100, 100.5), (200, 200.5)]
+    else:
+        assert svc.read_back()["loss"] == [(0, 0.0), (100, 100.0), (100, 100.5), (200, 200.5)]
+
+
 @pytest.mark.parametrize("step, began, oldest, at_stop, graph, start", [
     (101, 100, 101, False, False, 101),  # eager: the first step after the restore logs at its own step
     (101, 100, 100, False, True, 100),  # graph: a summary at the restored step, then the first train op
@@ -237,6 +296,10 @@ def test_a_graph_summary_of_the_restored_step_logged_again_replaces_the_dead_tra
     (100, 100, 100, True, True, 100),  # graph: stop() before any step, after logging at the step it began at
     (100, 100, 100, True, False, 101),  # eager: the same, kept beside the earlier run's (as before)
     (100, 100, 101, False, True, 101),
+    (100, 100, None, False, True, None),  # a run that made no step, nothing logged: no first batch yet
+    (100, 100, None, False, False, None),
+    (100, 100, 100, False, True, 100),  # graph: a run that made no step, after logging at the step it began at
+    (100, 100, 100, False, False, 101),  # eager: the same, kept beside the earlier run's (as at the stop)
 ])
 def test_the_first_restatement_starts_at_the_lowest_step_the_session_logged_since_it_began(
         step, began, oldest, at_stop, graph, start):

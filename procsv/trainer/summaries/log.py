@@ -238,6 +238,8 @@ class SummaryLog:
             # the first call comes from the first step's boundary, or from stop() if no step ran
             start = restate_from(self._state.step, self.session_step, self.buffer.oldest_step(), force,
                                  graph=self.graph_summary is not None)
+            if start is None:  # no step ran, nothing logged: the first batch's START waits for what it carries
+                return
             sender = self._sender = SummarySender(
                 self.buffer, self._channels.to_summary, self._channels.summary_acks, self._settings.save_summaries_secs,
                 start, deadline=self._deadline, purge_first=self.purge_first)
@@ -263,7 +265,7 @@ def session_start(restored: bool, restarted: bool, standard_services: bool, glob
 
 
 def restate_from(step: int, session_step: Optional[int], oldest: Optional[int], at_stop: bool,
-                 graph: bool = False) -> int:
+                 graph: bool = False) -> Optional[int]:
     """The step a session's first batch restates from: its ``SessionLog START`` (TensorBoard drops every
     event at or after it). The first hand-off comes at ``step``'s boundary (``at_stop``: from ``stop()``),
     the session began at ``session_step``, and the oldest row it holds is at ``oldest``.
@@ -274,12 +276,19 @@ def restate_from(step: int, session_step: Optional[int], oldest: Optional[int], 
       them, as TF's Supervisor's START at the restored step does (which drops that step's other points
       too, as TF's does). An eager program's points logged between two sessions at the step the next
       begins at keep the earlier ones beside them (``stop(close_summary_writer=False)``).
-    * No step ran: the points of the step it began at are an earlier run's, kept (``step + 1``),
-      unless the session logged there itself.
+    * No step ran: the points of the step it began at are an earlier run's, kept (``step + 1``), unless
+      a ``graph`` program's session logged there itself (from ``step``: replaced, as above; an eager
+      one's are kept beside, as above). With nothing logged yet, before ``stop()``: None, no first
+      batch yet. A graph program's runs that make no step hand off too (``StepBoundary.between_steps``),
+      and the first of them comes before the summary computed at the restored step (the Supervisor
+      page's loop reads the global step first): a START fixed there, at ``step + 1``, left the dead
+      trainer's point at ``step`` beside the new one.
     """
+    if step == session_step:
+        if oldest is None:
+            return step + 1 if at_stop else None
+        return step if graph and oldest == step else step + 1
     start = step + 1 if at_stop else step
-    if step == session_step and (oldest is None or oldest > step):
-        return step + 1
     if graph and oldest is not None and session_step is not None and session_step <= oldest < start:
         return oldest
     return start
