@@ -320,3 +320,15 @@ def test_a_trainer_verdict_rolls_back_a_running_or_finished_trainer_and_nothing_
     next_replay(book, False), replayed(book, BAD)
     auditor_fault = replayed(book, GOOD)
     assert auditor_fault.verdict == Verdict.AUDITOR and rollback(auditor_fault, 3, True, False, False, 180, "h1") is None
+
+
+def test_a_month_of_intervals_keeps_the_counts_whole_and_only_the_newest_verdicts() -> None:
+    """A month of one-minute intervals is 43,200 verdicts: counted, and the status's counts are read from them in
+    one step, not by walking every verdict at each publication."""
+    book = _book(steps=(0,))
+    for s in range(1, 5001):
+        committed(book, 100 * s, f"/l/model.ckpt-{100 * s}", eligible=True, attempt=1)
+        assert next_replay(book, False) is not None
+        while replayed(book, GOOD) is None:  # (the first interval: replayed twice)
+            pass
+    assert book.counts == {"match": 5000} and book.audited_steps == 500_000 and len(book.verdicts) <= 64

@@ -183,9 +183,7 @@ class Auditors:
     def _publish(self) -> None:
         """The audit's figures, as ``status.json`` and the metrics show them."""
         book = self.book
-        counts: dict[str, int] = {}
-        for v in book.verdicts:
-            counts[v.verdict.value] = counts.get(v.verdict.value, 0) + 1
+        counts = dict(book.counts)
         current = book.current
         self.view.findings.audit = {} if book.mode == AuditMode.OFF else {
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,

@@ -42,6 +42,7 @@ END_WAIT_SECS = 300.0  # --audit every: how long a trainer that finished waits f
 SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the launch's first two, always replayed)
 UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
 QUEUE_MAX = 3  # intervals waiting for an auditor; past it, two are merged (--audit every) or the oldest dropped
+RECENT = 64  # the verdicts kept (their counts are kept whole)
 MERGE_MAX = 8  # a merged interval is at most this many times as long as the newest (past it: the oldest dropped)
 
 
@@ -125,7 +126,8 @@ class AuditBook:
     audited_steps: int = 0
     covered_steps: int = 0  # the steps of every interval seen (the denominator of the fraction audited)
     off: str = ""
-    verdicts: list[Judged] = field(default_factory=list)
+    verdicts: list[Judged] = field(default_factory=list)  # the newest RECENT (a month of intervals is not kept)
+    counts: dict[str, int] = field(default_factory=dict)  # every verdict of the launch, by kind
     anchor: Optional[int] = None  # where a rollback goes: the newest audited step (a trainer verdict's start)
     last_attempt: Optional[int] = None  # the trainer attempt of :attr:`last` (None: unknown, or a rollback's)
     exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
@@ -218,7 +220,7 @@ class AuditBook:
                         "Keras Dropout layer or of tf.random ops, a counter or iterator of its own); audit off for "
                         "this launch")
             return self._close(Judged(Verdict.NONDETERMINISTIC, interval, tuple(answers), f"procsv: audit: {self.off}"))
-        if len(self.verdicts) == 0 and self.audited_steps == 0:
+        if not self.counts and self.audited_steps == 0:
             self.off = (f"the program's steps are not deterministic: two replays of {span} from the same checkpoint "
                         "differ (no verdict can rest on a replay); audit off for this launch")
             return self._close(Judged(Verdict.NONDETERMINISTIC, interval, tuple(answers), f"procsv: audit: {self.off}"))
@@ -247,12 +249,16 @@ class AuditBook:
         judged = Judged(Verdict.UNAUDITED, interval, (), f"procsv: audit of steps {interval.start}-{interval.end}: no "
                         "verdict (its replays differ from the trainer's checkpoint and the run ended before an interval "
                         "after it told a fault from a program that does not replay exactly); nothing rolled back")
-        self.verdicts.append(judged)
+        self._keep(judged)
         return judged
+
+    def _keep(self, judged: Judged) -> None:
+        self.verdicts = [*self.verdicts[-(RECENT - 1):], judged]
+        self.counts[judged.verdict.value] = self.counts.get(judged.verdict.value, 0) + 1
 
     def _close(self, judged: Judged) -> Judged:
         self.current, self.answers = None, []
-        self.verdicts.append(judged)
+        self._keep(judged)
         return judged
 
 
