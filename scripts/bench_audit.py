@@ -9,7 +9,8 @@
     fraction **caught** (an ``audit`` record with verdict ``trainer`` for an interval ending at or after n: goal
     1.0), the **steps from the fault to the verdict** (the trainer's step when the verdict came, interpolated
     from its commits' records; the final step if it had finished), the intervals from the fault to the verdict
-    (goal: within two), and whether the run ended succeeded with its final weights **bit-equal** to a clean
+    (goal: within two), the steps from the fault to the first replay that differed (its ``audit`` record with
+    verdict ``mismatch``: the fault found, before the second replay's verdict), and whether the run ended succeeded with its final weights **bit-equal** to a clean
     run's (one launch without the audit).
 (b) Throughput, ``--runs`` pairs of launches of ``--rate-steps`` with no step delay (the trainer CPU-bound;
     checkpoints every ``--rate-save-steps``, so a dozen intervals are audited while it trains), ``--audit every``
@@ -18,7 +19,7 @@
     auditors run at SCHED_IDLE, on spare CPU only). Each audited run's audited fraction is printed: a ratio
     of runs whose audit did not keep up says so.
 
-Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_verdict_steps=<median>
+Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
 throughput_ratio=<x> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
 caught, a run not succeeded, weights not bit-equal, a false alarm: a ``trainer`` or ``nondeterministic``
@@ -118,7 +119,9 @@ def main() -> int:
             launch(clean, args.steps, args.save_steps, "off", 0.0)
             reference = final_weights(clean)
         caught, lags, intervals, exact = 0, [], [], True
-        print(f"{'run':>4} {'fault':>6} {'caught':>7} {'verdict on':>11} {'steps to verdict':>17} {'exact':>6}")
+        found: list[float] = []
+        print(f"{'run':>4} {'fault':>6} {'caught':>7} {'verdict on':>11} {'steps to mismatch':>18} {'steps to verdict':>17} "
+              f"{'exact':>6}")
         for i in range(faults):
             fault = rng.randint(args.save_steps + 1, args.steps - 1)
             logdir = os.path.join(root, f"fault{i}")
@@ -138,8 +141,12 @@ def main() -> int:
             caught += 1
             lag = step_at(evs, float(hit["time"]), args.steps) - fault
             lags.append(lag)
+            seen = next((e for e in evs if e["event"] == "audit" and e["verdict"] == "mismatch" and e["end"] >= fault),
+                        hit)  # (the first replay that differed: the fault found, before the second replay's verdict)
+            found.append(step_at(evs, float(seen["time"]), args.steps) - fault)
             intervals.append(math.ceil(lag / args.save_steps))  # the checkpoint intervals the trainer went on
-            print(f"{i:>4} {fault:>6} {'yes':>7} {hit['start']:>5}-{hit['end']:<5} {lag:>17.0f} {str(same):>6}")
+            print(f"{i:>4} {fault:>6} {'yes':>7} {hit['start']:>5}-{hit['end']:<5} {found[-1]:>18.0f} {lag:>17.0f} "
+                  f"{str(same):>6}")
         if not exact:
             wrong.append("a fault run's final weights differ from the clean run's")
         off_rates, on_rates = [], []
@@ -167,6 +174,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"({time.monotonic() - began:.0f} s in all, load {load:.1f})")
     print(f"caught={caught / faults if faults else -1:.2f} faults={faults} "
+          f"fault_to_mismatch_steps={statistics.median(found) if found else -1:.0f} "
           f"fault_to_verdict_steps={statistics.median(lags) if lags else -1:.0f} "
           f"fault_to_verdict_intervals={max(intervals) if intervals else -1} exact={int(exact)} "
           f"steps_per_s_off={off:.1f} steps_per_s_audit={on:.1f} throughput_ratio={on / off:.3f} load={load:.1f}")

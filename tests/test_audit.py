@@ -35,6 +35,9 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
     assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (800, 1200), audits
+    first = [a for a in audits if a[0] in ("mismatch", "trainer")]
+    assert first[:2] == [("mismatch", 800, 1200), ("trainer", 800, 1200)], audits  # the first replay said at once
+    assert "procsv: audit: a replay of steps 800-1200 differs from the trainer's checkpoint" in err
     assert ("match", 400, 800) in audits and ("match", 800, 1200) in audits, audits  # ... and again after it
     host = wrong[0]["host"]
     assert host and any("kernel" in d or "_trainable_variables" in d for d in wrong[0]["differ"]), wrong
@@ -76,6 +79,7 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
     assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (400, 600), audits
+    assert [a for a in audits if a[0] in ("mismatch", "trainer")][:2] == [("mismatch", 400, 600), ("trainer", 400, 600)]
     assert {("match", 0, 200), ("match", 200, 400), ("match", 400, 600)} <= set(audits), audits  # 400-600 again
     host = wrong[0]["host"]
     assert host and "w" in wrong[0]["differ"], wrong

@@ -154,10 +154,20 @@ class Auditors:
             self._publish()
 
     def _judge(self, replay: Replay) -> None:
+        interval = self.book.current
         judged = replayed(self.book, replay)
         self._publish()
-        if judged is None:
-            return  # a second replay of the same interval: forked at the next round
+        if judged is None:  # a second replay of the same interval: forked at the next round
+            if replay.differ and interval is not None:  # said now: under a slow duty cycle the verdict may be long
+                names = ", ".join(replay.differ[:3]) + (f" and {len(replay.differ) - 3} more"
+                                                        if len(replay.differ) > 3 else "")
+                self.report([Report(Event.AUDIT, {"verdict": "mismatch", "start": interval.start, "end": interval.end,
+                                                  "host": replay.host, "differ": list(replay.differ),
+                                                  "auditors": [self.attempt], "reason": None},
+                                    say=f"procsv: audit: a replay of steps {interval.start}-{interval.end} differs from "
+                                        f"the trainer's checkpoint ({names}); a second replay by a fresh auditor "
+                                        "decides", err=True)])
+            return
         self.report([_record(judged, self.host, self.attempt)])
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
