@@ -144,6 +144,7 @@ class Event(str, enum.Enum):
     HOST_SUSPECT = "host_suspect"
     GROUP_COPY_REFUSED = "group_copy_refused"
     AUDIT = "audit"
+    AUDIT_QUARANTINE = "audit_quarantine"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs", "source"})
@@ -191,6 +192,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
                                      "differs_at"}),
     Event.HOST_SUSPECT: frozenset({"host", "faults", "limit", "step"}),
     Event.AUDIT: frozenset({"verdict", "start", "end", "host", "differ", "auditors", "reason"}),
+    Event.AUDIT_QUARANTINE: frozenset({"after", "attempt", "steps", "reason"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 
