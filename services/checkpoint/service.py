@@ -24,8 +24,7 @@ never defaults, and keeps past them the steps an audit still needs (the watchdog
 DEALER of its own; ``--audit``): each setup's settings are persisted in the logdir, a restarted service reads them at start,
 and a snapshot from a trainer whose settings it does not have is held, uncommitted, until its next heartbeat.
 The checkpoints of a timeline an audit rolled back are quarantined as the watchdog's :class:`AuditQuarantine`
-says (:meth:`~procsv.services.checkpoint.store.CheckpointStore.quarantine_wrong`; each manifest names the
-attempt of the trainer whose snapshot it is).
+says (:meth:`~procsv.services.checkpoint.store.CheckpointStore.quarantine_wrong`).
 
 A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is refused by the
 codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
@@ -202,12 +201,8 @@ class CheckpointService:
             self.deletions.hold(msg.steps)
             return
         if isinstance(msg, AuditQuarantine):  # the watchdog's, at an audit's rollback: no reply
-            try:
-                for note in self.store.quarantine_wrong(msg.after, msg.attempt, msg.steps, msg.reason):
-                    _say(f"procsv checkpoint: {note}")
-            except OSError as exc:  # a full disk (mkdir, the state file): nothing is deleted
-                _say(f"procsv checkpoint: could not quarantine the checkpoints after step {msg.after} of a timeline "
-                     f"rolled back: {exc}")
+            for note in self.store.quarantine_wrong(msg.after, msg.attempt, msg.steps, msg.reason):
+                _say(f"procsv checkpoint: {note}")
             return
         if isinstance(msg, CheckpointSetup):
             if self.life is None or self.life.pid != msg.pid:

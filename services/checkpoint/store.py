@@ -18,6 +18,8 @@ moved to ``.procsv/quarantine/<prefix>/`` (:meth:`CheckpointStore.quarantine`), 
 checkpoints of a timeline an audit rolled back (:meth:`CheckpointStore.quarantine_wrong`: their states
 derive from one computed wrongly); one that cannot be read (:class:`UnreadableCheckpoint`) is left where it is.
 
+One concern: the committed checkpoints on disk, from a commit's first file to their retirement (deletion or quarantine).
+
 :meth:`CheckpointStore.recover` (at service start) deletes ``.procsv/tmp/*``, rolls back files
 named by a ``.pending`` record that never got its manifest (an interrupted commit, or an
 interrupted deletion of a retired checkpoint), and rewrites the state file from the
@@ -289,7 +291,10 @@ class CheckpointStore:
             notes.insert(0, f"quarantined {', '.join(moved)}, committed after step {after} by a timeline an audit "
                             f"rolled back ({why}): moved to {self.layout.quarantine}/; nothing was deleted")
         if moved or notes:
-            self._write_state(list_committed(self.layout))
+            try:
+                self._write_state(list_committed(self.layout))
+            except OSError as exc:  # a full disk: the next commit rewrites it (the moved ones are no longer committed)
+                notes.append(f"could not rewrite the checkpoint state file after the quarantine: {exc}")
         return notes
 
     def quarantine(self, m: Manifest, why: str) -> str:

@@ -91,6 +91,9 @@ audit                  verdict, start, end, host, differ, auditors, reason
                        step start) | auditor (the replays disagree: the auditors' ``host``) | nondeterministic (the
                        audit switches off, ``reason``) | unaudited (no replay could be made, ``reason``); differ:
                        the tensors that differ; auditors: the auditor attempts it rests on)
+audit_quarantine       after, attempt, steps, reason
+                       (--audit: the checkpoints of a timeline an audit rolled back, committed after step ``after``
+                       by trainer ``attempt`` or an earlier one, told to the checkpoint service to quarantine)
 =====================  ==========================================================================
 """
 
