@@ -3,7 +3,8 @@
 The trainer (DEALER) and the checkpoint service (ROUTER on ``checkpoint.sock``) send them: up,
 :class:`CheckpointSetup`, :class:`SaveData` (with the :class:`TensorSpec` of each tensor and the
 :class:`ArenaRef` of the snapshot memory), :class:`RecoverQuery`, :class:`DeleteCheckpoints`, and a
-group's :class:`GroupQuery` and :class:`GroupFetch` (and the watchdog's :class:`AuditHold`, from a DEALER of its own); down, :class:`SaveRequest`, :class:`SaveResult`
+group's :class:`GroupQuery` and :class:`GroupFetch` (and the watchdog's :class:`AuditHold` and :class:`AuditQuarantine`, from a DEALER of
+its own); down, :class:`SaveRequest`, :class:`SaveResult`
 (also pushed to the watchdog), :class:`CommitLoading`, :class:`SnapshotHeld`, :class:`RecoverReply`,
 :class:`CheckpointsDeleted`, :class:`GroupHeld` and :class:`GroupCopy`.
 """
@@ -200,6 +201,24 @@ class AuditHold(Message):
 
 
 @dataclass(frozen=True)
+class AuditQuarantine(Message):
+    """Watchdog -> checkpoint service (``--audit``, issue 71; the DEALER of :class:`AuditHold`, no reply): the
+    checkpoints of a wrong timeline, to be moved to ``.procsv/quarantine/`` as a corrupt one is. An audit proved
+    that trainer ``attempt`` computed the interval from step ``after`` (S1) wrongly and rolled it back to S1:
+    every checkpoint committed after S1 by that attempt or an earlier one holds a state derived from the wrong
+    one. ``steps``: those the watchdog saw committed (sent at the rollback, and again for a late commit of such
+    an attempt); ``reason``: the verdict, as the lifecycle says it. The service moves the checkpoint of each of
+    ``steps`` only if it is after ``after`` and its manifest's attempt is ``attempt`` or earlier (never S1, never
+    a checkpoint of the timeline after the rollback, which may have rewritten such a step in place)."""
+
+    KIND: ClassVar[str] = "audit_quarantine"
+    after: int
+    attempt: int
+    steps: list[int]
+    reason: str
+
+
+@dataclass(frozen=True)
 class CheckpointsDeleted(Message):
     """Checkpoint service -> trainer: the answer to :class:`DeleteCheckpoints`: how many checkpoints
     were deleted, or why not (``error``)."""
@@ -293,4 +312,4 @@ class GroupCopy(Message):
 
 
 __all__ = ["CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld", "RecoverQuery",
-           "RecoverReply", "DeleteCheckpoints", "CheckpointsDeleted", "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy"]
+           "RecoverReply", "DeleteCheckpoints", "AuditHold", "AuditQuarantine", "CheckpointsDeleted", "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy"]

@@ -23,7 +23,8 @@ Who sends what (see docs/architecture.md for the full table):
 * watchdog -> summary service (a DEALER the watchdog connects to ``summary.sock``):
   :class:`RunScalars`, procsv's own TensorBoard scalars (no reply).
 * watchdog -> checkpoint service (``--audit``: a DEALER the watchdog connects to ``checkpoint.sock``):
-  :class:`AuditHold`, the committed steps retention must keep for an audit (no reply).
+  :class:`AuditHold`, the committed steps retention must keep for an audit, and :class:`AuditQuarantine`, the
+  checkpoints of a timeline an audit rolled back (no reply).
 * watchdog <-> zygote (the pre-warmed trainer; length-prefixed frames on a pipe pair, see
   :mod:`procsv.ipc.pipe`): :class:`ForkRequest` down (to a zygote seed, :class:`ZygoteStart` first); :class:`ZygoteReady`,
   :class:`ForkReply` up
@@ -52,7 +53,7 @@ messages from the modules that define them, one per channel: :mod:`procsv.ipc.wa
 
 from __future__ import annotations
 
-from procsv.ipc.checkpoint_messages import (ArenaRef, AuditHold, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
+from procsv.ipc.checkpoint_messages import (ArenaRef, AuditHold, AuditQuarantine, CheckpointSetup, CommitLoading, CheckpointsDeleted, DeleteCheckpoints, GroupCopy, GroupCopyHeld,
                                             GroupCopyRefused,
                                             GroupFetch, GroupHeld, GroupQuery, RecoverQuery, RecoverReply, SaveData,
                                             SaveRequest, SaveResult, SnapshotHeld, TensorSpec)
@@ -95,6 +96,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     RecoverReply,
     DeleteCheckpoints,
     AuditHold,
+    AuditQuarantine,
     CheckpointsDeleted,
     GroupQuery,
     GroupHeld,
@@ -135,7 +137,7 @@ __all__ = [
     "Hello", "TrainerReady", "Progress", "SaveOverdue", "ServiceLoading", "SummaryOverdue", "StandbyReady",
     "NonfiniteDetected", "RolledBack", "StepSkipped", "SpikeDetected", "SpikeReplayed", "Promotion",
     "CheckpointSetup", "ArenaRef", "SaveRequest", "TensorSpec", "SaveData", "SaveResult", "CommitLoading", "SnapshotHeld",
-    "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "AuditHold", "CheckpointsDeleted",
+    "RecoverQuery", "RecoverReply", "DeleteCheckpoints", "AuditHold", "AuditQuarantine", "CheckpointsDeleted",
     "GroupQuery", "GroupHeld", "GroupFetch", "GroupCopy", "GroupCopyHeld", "GroupCopyRefused",
     "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",

@@ -6,11 +6,14 @@ CPU: one digits launch of 1200 steps under ``--audit every`` (checkpoints every 
 and 400 steps trained again after the rollback: about 14 CPU-s (measured: see the commit). The graph one: a
 600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps, 5 ms a step),
 six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
-reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps).
+reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one: the
+seeds' ``Supervisor`` loop, 600 steps saved every second (5 ms a step), the bit flipped in the first interval, all
+600 steps trained again: about 10 CPU-s (measured: see the commit).
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -92,6 +95,72 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
     clean, got = variables_after(600), checkpoint_variables(f"{logdir}/model.ckpt-600")
+    assert clean.keys() == got.keys()
+    for key in clean:
+        assert (clean[key] == got[key]).all(), f"{key} differs after the audit's rollback"
+
+
+def test_an_audit_rollback_quarantines_every_checkpoint_of_the_wrong_timeline_under_time_based_saves(logdir) -> None:
+    """Time-based saves (TF Supervisor's ``save_model_secs``, the common case) land on other steps after a rollback,
+    so the wrong timeline's checkpoints are not rewritten in place: the bit flips after step 100, in the launch's
+    first interval (from the checkpoint the session took at step 0: a fresh start, as its replays are, so two
+    replays that agree and miss the trainer are its fault at once). Every checkpoint the trainer committed after
+    that interval's start (its end S2 and every later one, late ones too) is quarantined, never S1; the logdir and
+    the ``checkpoint`` state file hold only the new timeline's (by their manifests' attempt), whose intervals are
+    all audited (none retired before the auditor read it); the latest is the new step 600, bit-equal to a plain
+    session loop's."""
+    import tensorflow as tf
+
+    from procsv.common.layout import Layout
+    from procsv.common.manifests import list_committed
+    from procsv.examples.seeds_tf1.model import checkpoint_variables, variables_after
+
+    code, out, err = finish(launch(logdir, "--steps", "600", "--save-model-secs", "1", "--step-delay", "0.005",
+                                   "--loop-secs", "1000", target="procsv.examples.seeds_tf1.loop",
+                                   opts=("--audit", "every"), env=quiet_env(PROCSV_FAULT="trainer:bitflip:100")),
+                            timeout=300)
+    assert code == 0, err[-3000:]
+    said = out + err
+    assert "fault injected: bit 20 of w:0[0] flipped after step 100" in said, said[-3000:]  # (the premise)
+    events = lifecycle(logdir)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
+    assert len(wrong) == 1 and wrong[0]["start"] == 0, audits
+    s1, s2 = wrong[0]["start"], wrong[0]["end"]
+    quarantines = [e for e in events if e["event"] == "audit_quarantine"]
+    assert quarantines and {q["after"] for q in quarantines} == {s1}, quarantines
+    rolled = {s for q in quarantines for s in q["steps"]}
+    attempt = quarantines[0]["attempt"]
+    assert s2 in rolled and min(rolled) > s1, quarantines
+    assert all(q["reason"] == f"audit: host {wrong[0]['host']} computed steps {s1}-{s2} wrongly" for q in quarantines)
+    restart = next(i for i, e in enumerate(events) if e["event"] == "restarting")
+    committed_before = {e["step"] for e in events[:restart] if e["event"] == "checkpoint_committed" and e["step"] > s1}
+    assert committed_before and committed_before <= rolled, (committed_before, quarantines)
+
+    layout = Layout(logdir)
+    kept = {m.step: m for m in list_committed(layout)}
+    assert s1 in kept, sorted(kept)  # never S1
+    stray = {s: m.attempt for s, m in kept.items() if s > s1 and m.attempt <= attempt}
+    assert not stray, f"checkpoints of the wrong timeline left in the logdir: {stray}"
+    moved = os.path.join(layout.quarantined(f"model.ckpt-{s2}"), f"model.ckpt-{s2}.json")
+    assert os.path.exists(moved), os.listdir(layout.quarantine)
+    on_disk = {int(n[len("model.ckpt-"):-len(".index")]) for n in os.listdir(logdir)
+               if n.startswith("model.ckpt-") and n.endswith(".index")}
+    assert on_disk == set(kept), (sorted(on_disk), sorted(kept))
+    assert f"committed after step {s1} by the timeline rolled back" in err
+    assert "by a timeline an audit rolled back" in said and "retired before the auditor read it" not in said
+    state = tf.train.get_checkpoint_state(logdir)
+    listed = {int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths}
+    assert listed <= set(kept), (sorted(listed), sorted(kept))
+    # the new timeline's intervals, from S1 to its final step, all audited (merged or not) after the verdict
+    after = audits[audits.index(("trainer", s1, s2)) + 1:]
+    matched = sorted((a, b) for v, a, b in after if v == "match")
+    assert [v for v, _, _ in after if v != "match"] == [], after
+    assert matched and matched[0][0] == s1 and matched[-1][1] == 600, after
+    assert all(x[1] == y[0] for x, y in zip(matched, matched[1:])), after
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest is not None and latest.endswith("model.ckpt-600") and kept[600].attempt > attempt, latest
+    clean, got = variables_after(600), checkpoint_variables(latest)
     assert clean.keys() == got.keys()
     for key in clean:
         assert (clean[key] == got[key]).all(), f"{key} differs after the audit's rollback"

@@ -11,8 +11,8 @@ from procsv.services.checkpoint.policy import retention
 from procsv.status import audit_lines
 from procsv.watchdog.actionlines import restart_reports
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay,
-                                           Verdict, committed, end_wait, holds, next_replay, pending, replayed,
-                                           rollback, rolled_back)
+                                           Verdict, committed, end_wait, holds, late, next_replay, pending, replayed,
+                                           rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
 from procsv.watchdog.rules.actions import Finish, Restart
@@ -43,6 +43,38 @@ def test_two_replays_that_agree_with_each_other_and_not_with_the_trainer_roll_it
     assert book.queue == [] and book.last == (100, "/l/model.ckpt-100")
     committed(book, 200, "/l/model.ckpt-200", eligible=True)  # trained again from step 100: audited again
     assert [(i.start, i.end) for i in book.queue] == [(100, 200)]
+
+
+def test_a_rollback_quarantines_every_checkpoint_its_timeline_committed_after_s1_and_a_late_one_too() -> None:
+    """Issue 71's audit, time-based saves: attempt 2 committed 50, 100, 200, 300 (an earlier attempt 1: 20), the
+    verdict on 100-200 came after 300: 200 and 300 derive from the wrong state; 20, 50 and 100 (S1) do not. A late
+    commit of attempt 2 (its snapshot in flight at the kill) is quarantined alone; the new timeline's (attempt 3)
+    and one whose attempt is not said never are, even on a step of the wrong timeline."""
+    book = AuditBook(mode=AuditMode.EVERY)
+    for step, attempt in ((20, 1), (50, 2), (100, 2), (200, 2), (300, 2)):
+        assert seen(book, step, attempt) is None
+        committed(book, step, f"/l/model.ckpt-{step}", eligible=True, attempt=attempt)
+        while (interval := next_replay(book, False)) is not None and interval.start < 100:
+            replayed(book, GOOD)  # (20-50 twice, the launch's first; 50-100 once: the program replays exactly)
+    assert next_replay(book, False).start == 100
+    replayed(book, BAD)
+    judged = replayed(book, BAD)
+    assert judged.verdict == Verdict.TRAINER and (judged.interval.start, judged.interval.end) == (100, 200)
+    rolled_back(book, judged)
+    wrong = wrong_timeline(book, judged, 2, "audit: host h computed steps 100-200 wrongly")
+    assert wrong is not None and (wrong.after, wrong.attempt, wrong.steps) == (100, 2, [200, 300])
+    assert wrong.reason == "audit: host h computed steps 100-200 wrongly"
+    assert late(book, 2) and late(book, 1) and not late(book, 3) and not late(book, 0)
+    again = seen(book, 350, 2)  # the rolled-back trainer's snapshot in flight, committed after the verdict
+    assert again is not None and (again.after, again.attempt, again.steps) == (100, 2, [350])
+    assert seen(book, 100, 2) is None  # (S1 itself, told again: never)
+    assert seen(book, 200, 3) is None and seen(book, 300, 0) is None  # the new timeline's; one not said
+    committed(book, 200, "/l/model.ckpt-200", eligible=True, attempt=3)
+    assert [(i.start, i.end) for i in book.queue] == [(100, 200)]  # the new timeline's interval, audited
+    assert book.commits == {20: 1, 50: 2, 100: 2, 200: 3, 300: 0}
+    rb2 = AuditBook(mode=AuditMode.EVERY)  # a rollback whose timeline committed nothing after S1: nothing to move
+    committed(rb2, 100, "/l/model.ckpt-100", eligible=True, attempt=1)
+    assert wrong_timeline(rb2, judged, 1, "why") is None and rb2.rollbacks[0].steps == []
 
 
 def test_two_replays_that_disagree_name_the_auditor_and_roll_nothing_back() -> None:

@@ -62,7 +62,8 @@ class Harness:
             self.arena.populate(False)
         return self.arena
 
-    def save(self, ckpt, step: int, max_to_keep: int = 5, hours: float | None = None, known: Plan | None = None):
+    def save(self, ckpt, step: int, max_to_keep: int = 5, hours: float | None = None, known: Plan | None = None,
+             attempt: int = 0):
         self.clock.t += 1.0  # commits happen after the store started
         ckpt.save_counter.assign_add(1)
         snap = take(ckpt, lambda n: (self.arena_for(n), 4096), known)
@@ -70,7 +71,7 @@ class Harness:
         view = self.views.get(msg.arena) if msg.arena else None
         manifest, retired = self.store.commit(
             step=step, reason="test", basename="model.ckpt", max_to_keep=max_to_keep, keep_every_n_hours=hours,
-            write=lambda tmp: writer_mod.write_snapshot(tmp, msg, snap.frames, view))
+            write=lambda tmp: writer_mod.write_snapshot(tmp, msg, snap.frames, view), attempt=attempt)
         self.deferred = self.store.delete(retired)  # what a restore in progress kept from deletion
         return manifest
 
@@ -229,6 +230,33 @@ def test_verify_catches_damage_and_the_service_retires_corrupt_checkpoints_past_
     assert tf.train.latest_checkpoint(h.layout.logdir).endswith("model.ckpt-20")
     h.save(ckpt, 30)  # the step commits again, cleanly
     verify(h.layout, list_committed(h.layout)[-1])
+
+
+def test_an_audits_rollback_quarantines_the_wrong_timeline_after_s1_never_s1_nor_a_later_attempts_checkpoint(tmp_path):
+    """Trainer attempt 1 committed 10, 20, 35, 50 and was rolled back to 20 (issue 71); attempt 2 committed 28. The
+    quarantine of 20, 28, 35 and 50 (20 and 28 listed wrongly on purpose) moves 35 and 50 only, files and manifests,
+    and the state file no longer names them: TensorFlow's latest is the new timeline's 28."""
+    import tensorflow as tf
+
+    ckpt, _, _ = make_state(tf)
+    h = Harness(str(tmp_path / "run"))
+    for step in (10, 20, 35, 50):
+        h.save(ckpt, step, attempt=1)
+    h.save(ckpt, 28, attempt=2)
+    assert [(m.step, m.attempt) for m in list_committed(h.layout)] == [(10, 1), (20, 1), (28, 2), (35, 1), (50, 1)]
+    notes = h.store.quarantine_wrong(20, 1, [20, 28, 35, 50], "audit: host h computed steps 20-35 wrongly")
+    assert len(notes) == 1 and "quarantined model.ckpt-35, model.ckpt-50, committed after step 20 by a timeline an " \
+        "audit rolled back (audit: host h computed steps 20-35 wrongly)" in notes[0], notes
+    assert [m.step for m in list_committed(h.layout)] == [10, 20, 28]
+    assert tf.train.latest_checkpoint(h.layout.logdir).endswith("model.ckpt-28")
+    state = tf.train.get_checkpoint_state(h.layout.logdir)
+    assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["model.ckpt-10", "model.ckpt-20",
+                                                                               "model.ckpt-28"]
+    assert not [n for n in os.listdir(h.layout.logdir) if n.startswith(("model.ckpt-35.", "model.ckpt-50."))]
+    for step in (35, 50):
+        moved = os.listdir(h.layout.quarantined(f"model.ckpt-{step}"))
+        assert f"model.ckpt-{step}.json" in moved and f"model.ckpt-{step}.index" in moved, moved
+    assert h.store.quarantine_wrong(20, 1, [35, 50], "again") == []  # (a late one told twice: nothing left to move)
 
 
 def test_version_1_manifests_with_zlib_crc32_are_still_read_and_verified(tmp_path):

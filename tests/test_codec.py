@@ -133,6 +133,8 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
     ("recover-reply", m.RecoverReply(step=1501, path="/runs/a/model.ckpt-1501", note=""), []),
     ("delete-checkpoints", m.DeleteCheckpoints(pid=4243), []),
     ("audit-hold", m.AuditHold(steps=[100, 200]), []),
+    ("audit-quarantine", m.AuditQuarantine(after=200, attempt=1, steps=[971, 1165],
+                                           reason="audit: host h computed steps 200-971 wrongly"), []),
     ("checkpoints-deleted", m.CheckpointsDeleted(deleted=3, error=None), []),
     ("checkpoints-deleted-failed", m.CheckpointsDeleted(deleted=0, error="OSError: [Errno 5] Input/output error"), []),
     ("recover-reply-none", m.RecoverReply(step=-1, path=None, note="no in-memory snapshot is held"), []),

@@ -46,7 +46,10 @@ class Manifest:
     ``files`` maps each file name to ``{"size": n, "crc32c": c}`` (or ``"crc32"``). ``revision``:
     how many times this step's checkpoint was rewritten in place with a newer state of the same
     step (0: its first commit; a program whose runs change variables without advancing the global
-    step, :mod:`procsv.services.checkpoint.inplace`); written to the JSON only when not 0.
+    step, :mod:`procsv.services.checkpoint.inplace`); written to the JSON only when not 0. ``attempt``: the
+    attempt of the trainer whose snapshot it is (:attr:`~procsv.ipc.messages.SaveData.attempt`; 0: not said),
+    by which an audit's rollback tells a wrong timeline's checkpoints from the new one's
+    (:class:`~procsv.ipc.messages.AuditQuarantine`); written only when not 0.
     """
 
     step: int
@@ -55,6 +58,7 @@ class Manifest:
     committed_at: float
     reason: str
     revision: int = 0
+    attempt: int = 0
 
     def path(self, logdir: str) -> str:
         return os.path.join(logdir, self.prefix)
@@ -70,6 +74,8 @@ class Manifest:
         }
         if self.revision:
             out["revision"] = self.revision
+        if self.attempt:
+            out["attempt"] = self.attempt
         return out
 
     @staticmethod
@@ -82,7 +88,7 @@ class Manifest:
                 algo = next(a for a in CHECKSUMS if a in meta)
                 files[str(name)] = {"size": int(meta["size"]), algo: int(meta[algo])}
             return Manifest(int(obj["step"]), str(obj["prefix"]), files, float(obj["committed_at"]), str(obj["reason"]),
-                            int(obj.get("revision", 0)))
+                            int(obj.get("revision", 0)), int(obj.get("attempt", 0)))
         except (KeyError, TypeError, ValueError, AttributeError, StopIteration, OverflowError):
             return None
 

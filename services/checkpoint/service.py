@@ -23,6 +23,8 @@ Retention deletes checkpoints, so a save applies only the settings the trainer i
 never defaults, and keeps past them the steps an audit still needs (the watchdog's :class:`AuditHold`, from a
 DEALER of its own; ``--audit``): each setup's settings are persisted in the logdir, a restarted service reads them at start,
 and a snapshot from a trainer whose settings it does not have is held, uncommitted, until its next heartbeat.
+The checkpoints of a timeline an audit rolled back are quarantined as the watchdog's :class:`AuditQuarantine`
+says (:meth:`~procsv.services.checkpoint.store.CheckpointStore.quarantine_wrong`).
 
 A message that is malformed, of another schema version or of a kind not in :data:`ACCEPT` is refused by the
 codec, counted (:class:`~procsv.ipc.rejections.Rejections`) and never stops the loop;
@@ -40,7 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 import zmq
 
 from procsv.ipc.codec import ProtocolError
-from procsv.ipc.messages import (AuditHold, CheckpointSetup, DeleteCheckpoints, GroupFetch, GroupQuery, Hello, Message, RecoverQuery,
+from procsv.ipc.messages import (AuditHold, AuditQuarantine, CheckpointSetup, DeleteCheckpoints, GroupFetch, GroupQuery, Hello, Message, RecoverQuery,
                                  RecoverReply, Role, SaveData, SaveReason, SaveRequest, SaveResult, SessionLogEvent,
                                  SessionStatus, SnapshotHeld)
 from procsv.ipc.rejections import Rejections
@@ -68,7 +70,7 @@ POLL_MS = 100
 NICE = 10
 EXIT_WAIT = 5.0  # seconds a dead trainer may still be exiting when its successor asks for its snapshot
 ACCEPT = frozenset({CheckpointSetup, SaveData, RecoverQuery, DeleteCheckpoints, GroupQuery, GroupFetch,  # all a trainer sends
-                    AuditHold})  # (and the watchdog, --audit)
+                    AuditHold, AuditQuarantine})  # (and the watchdog, --audit)
 
 
 class CheckpointService:
@@ -197,6 +199,10 @@ class CheckpointService:
             return
         if isinstance(msg, AuditHold):  # the watchdog's: no reply
             self.deletions.hold(msg.steps)
+            return
+        if isinstance(msg, AuditQuarantine):  # the watchdog's, at an audit's rollback: no reply
+            for note in self.store.quarantine_wrong(msg.after, msg.attempt, msg.steps, msg.reason):
+                _say(f"procsv checkpoint: {note}")
             return
         if isinstance(msg, CheckpointSetup):
             if self.life is None or self.life.pid != msg.pid:
@@ -346,6 +352,7 @@ class CheckpointService:
                 numbered=msg.numbered,
                 revision=msg.revision,  # above the committed copy's: that step's checkpoint rewritten in place
                 held=self.deletions.held,
+                attempt=msg.attempt,
             )
             result = SaveResult(msg.step, msg.reason, True, manifest.path(self.ctx.layout.logdir), None,
                                 self.clock() - started, revision=manifest.revision, attempt=msg.attempt)

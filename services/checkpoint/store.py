@@ -14,8 +14,11 @@ committed checkpoint as the latest loadable one:
    renamed to ``<prefix>.pending``, then its files go, then that record.
 
 Retention is the only reason a checkpoint is deleted. One that fails verification (corrupt) is
-moved to ``.procsv/quarantine/<prefix>/`` (:meth:`CheckpointStore.quarantine`); one that cannot
-be read (:class:`UnreadableCheckpoint`) is left where it is.
+moved to ``.procsv/quarantine/<prefix>/`` (:meth:`CheckpointStore.quarantine`), and so are the
+checkpoints of a timeline an audit rolled back (:meth:`CheckpointStore.quarantine_wrong`: their states
+derive from one computed wrongly); one that cannot be read (:class:`UnreadableCheckpoint`) is left where it is.
+
+One concern: the committed checkpoints on disk, from a commit's first file to their retirement (deletion or quarantine).
 
 :meth:`CheckpointStore.recover` (at service start) deletes ``.procsv/tmp/*``, rolls back files
 named by a ``.pending`` record that never got its manifest (an interrupted commit, or an
@@ -25,6 +28,7 @@ manifests, so a crash between steps 4 and 5 is repaired too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -125,6 +129,7 @@ class CheckpointStore:
         numbered: bool = True,
         revision: int = 0,
         held: frozenset[int] = frozenset(),
+        attempt: int = 0,
     ) -> tuple[Manifest, list[Manifest]]:
         """Persist one checkpoint through the full protocol.
 
@@ -133,6 +138,7 @@ class CheckpointStore:
         from the state file: pass them to :meth:`delete` (after telling the trainer).
         ``numbered=False``: the prefix is ``basename``, rewritten in place (:mod:`.inplace`); so is a
         committed step whose ``revision`` is below this one (a newer state of that step). ``held``: an audit's steps.
+        ``attempt``: the attempt of the trainer whose snapshot it is (0: not said), in its manifest.
         """
         if not basename or "/" in basename or "\0" in basename:
             # it came over the wire: a name that would leave the logdir is refused
@@ -189,7 +195,7 @@ class CheckpointStore:
                     placed.append(name)
                 fsync_dir(self.layout.logdir)
                 fault_point("after_rename")
-                manifest = Manifest(step, prefix, files, self.clock(), reason, revision)
+                manifest = Manifest(step, prefix, files, self.clock(), reason, revision, attempt)
                 write_json(manifest_path(self.layout, prefix), manifest.to_json())
             except OSError:
                 if old is not None:  # the previous files go back where they were
@@ -235,7 +241,7 @@ class CheckpointStore:
         plan = retention(list_committed(self.layout), max_to_keep, keep_every_n_hours, self.last_preserved, held)
         self.last_preserved = plan.last_preserved
         for m in plan.newly_preserved:
-            kept = Manifest(m.step, m.prefix, m.files, m.committed_at, "preserved", m.revision)
+            kept = dataclasses.replace(m, reason="preserved")
             write_json(manifest_path(self.layout, m.prefix), kept.to_json())
         self._write_state(plan.keep)
         return list(plan.delete)
@@ -265,8 +271,34 @@ class CheckpointStore:
             self._write_state(list_committed(self.layout))
         return notes
 
+    def quarantine_wrong(self, after: int, attempt: int, steps: Sequence[int], why: str) -> list[str]:
+        """An audit's rollback (:class:`~procsv.ipc.messages.AuditQuarantine`): quarantine the committed
+        checkpoints of ``steps`` that are after step ``after`` and were committed by trainer ``attempt`` or an
+        earlier one (a manifest's attempt; 0, not said, counts as earlier), then rewrite the state file; one
+        line saying which were moved (and one for each that could not be). A checkpoint of a later attempt at
+        such a step (the timeline after the rollback rewrote it) and the checkpoint of ``after`` itself are
+        never touched."""
+        wanted = {s for s in steps if s > after}
+        moved, notes = [], []
+        for m in list_committed(self.layout):
+            if m.step in wanted and m.attempt <= attempt:
+                try:
+                    self.quarantine(m, why)
+                    moved.append(m.prefix)
+                except OSError as err:  # e.g. EXDEV, EACCES: left where it is, still not deleted
+                    notes.append(f"could not quarantine {m.prefix} ({why}): {err}; left in place")
+        if moved:
+            notes.insert(0, f"quarantined {', '.join(moved)}, committed after step {after} by a timeline an audit "
+                            f"rolled back ({why}): moved to {self.layout.quarantine}/; nothing was deleted")
+        if moved or notes:
+            try:
+                self._write_state(list_committed(self.layout))
+            except OSError as exc:  # a full disk: the next commit rewrites it (the moved ones are no longer committed)
+                notes.append(f"could not rewrite the checkpoint state file after the quarantine: {exc}")
+        return notes
+
     def quarantine(self, m: Manifest, why: str) -> str:
-        """Move a checkpoint that failed verification out of the way, never deleting it: its files,
+        """Move a checkpoint that failed verification (or one of a wrong timeline) out of the way, never deleting it: its files,
         then its manifest (the commit point, last, so a crash in between leaves a manifest whose
         files are missing, which is quarantined again), into ``.procsv/quarantine/<prefix>/``
         (``<prefix>.2/``, ... if that is taken). Return one line saying where it went.

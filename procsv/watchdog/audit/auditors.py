@@ -13,7 +13,11 @@ checkpoint of a wrong state), which rule 1 restarts at once, not as a failure (`
 for its last verdicts: ``Findings.audit["end_waits"]``, bounded by ``END_WAIT_SECS``) is restarted the same way.
 The checkpoints the audit needs (:func:`~procsv.watchdog.audit.verdict.holds`) are told to the checkpoint
 service (:class:`~procsv.ipc.messages.AuditHold`) whenever they change and whenever a service says hello:
-retention keeps them. The auditor runs only part of the time, stopped and continued as the duty cycle says
+retention keeps them. So are, at a rollback and at each late commit of the timeline rolled back, the
+checkpoints that timeline committed after S1 (:func:`~procsv.watchdog.audit.verdict.wrong_timeline`,
+:func:`~procsv.watchdog.audit.verdict.seen`: an :class:`~procsv.ipc.messages.AuditQuarantine`, with an
+``audit_quarantine`` record and a line), told again at a service's hello: it moves them to the quarantine.
+The auditor runs only part of the time, stopped and continued as the duty cycle says
 (:mod:`procsv.watchdog.audit.duty`: pure, fed the trainer's :class:`~procsv.ipc.messages.Progress`), so that it
 costs the trainer at most half a percent of its steps.
 """
@@ -24,10 +28,11 @@ import socket
 from typing import Callable, Optional
 
 from procsv.common.env import AUDIT
-from procsv.ipc.messages import AuditHold, AuditResult, Hello, Message, Progress, Role, SaveResult
+from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           end_wait, holds, next_replay, pending, replayed, rollback, rolled_back)
+                                           end_wait, holds, late, next_replay, pending, replayed, rollback, rolled_back,
+                                           seen, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -50,6 +55,7 @@ class Auditors:
         self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
         self.answered = False
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
+        self.quarantined: list[AuditQuarantine] = []  # the wrong timelines' checkpoints told to it (again at its Hello)
         self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
         self.end_waits = False  # a finished trainer's end waits for the audit (judge reads it in Findings.audit)
         self.duty = duty.DutyCycle()
@@ -67,8 +73,11 @@ class Auditors:
                 duty.heard(self.duty, self.ex.clock(), msg.wall_time, msg.step, bool(msg.busy) or not msg.stepped)
             return
         if isinstance(msg, SaveResult) and msg.ok and not msg.again:
+            wrong = seen(self.book, msg.step, msg.attempt)
+            if wrong is not None:  # a late commit of a timeline rolled back: quarantined as the rest of it
+                self._quarantine(wrong)
             trainer = self.view.children.get(TRAINER)
-            if msg.attempt and trainer is not None and msg.attempt < trainer.attempt:
+            if late(self.book, msg.attempt) or (msg.attempt and trainer is not None and msg.attempt < trainer.attempt):
                 return  # a late commit of an attempt that is gone (a rolled-back one's, say): no interval of its
             last = self.book.last[0] if self.book.last is not None else msg.step
             eligible = self.world == 1 and not any(last < s <= msg.step for s in self.view.skipped_steps)
@@ -82,6 +91,8 @@ class Auditors:
             self._judge(Replay(tuple(msg.differ), msg.digest, msg.host, msg.error))
         elif isinstance(msg, Hello) and msg.role == Role.CHECKPOINT:
             self.held = None
+            for wrong in self.quarantined:  # (one the DEALER dropped, or that a service killed mid-way never did;
+                self.tell(wrong)            # moved already: nothing; a later attempt's at such a step: never)
         self._hold()
 
     def round(self) -> None:
@@ -182,6 +193,9 @@ class Auditors:
                                     "transient faults in this launch")])
         note_audit_rollback(self.view, rb)
         rolled_back(self.book, judged)
+        wrong = wrong_timeline(self.book, judged, rb.attempt, rb.why)
+        if wrong is not None:  # (told before the kill: the trainer's late commits come after it)
+            self._quarantine(wrong)
         if rb.finished:  # it finished before the verdict: restarted from the interval's start all the same
             self.report([Report(say=f"procsv: audit: the trainer had finished; it trains again from step "
                                     f"{judged.interval.start}", err=True)])
@@ -189,6 +203,17 @@ class Auditors:
             self.ex.perform(Kill(TRAINER, rb.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
         self._hold()
         self._publish()
+
+    def _quarantine(self, wrong: AuditQuarantine) -> None:
+        """Tell the checkpoint service to quarantine a wrong timeline's checkpoints; its record and line."""
+        self.tell(wrong)
+        self.quarantined.append(wrong)
+        names = ", ".join(str(s) for s in wrong.steps)
+        self.report([Report(Event.AUDIT_QUARANTINE, {"after": wrong.after, "attempt": wrong.attempt,
+                                                     "steps": list(wrong.steps), "reason": wrong.reason},
+                            say=f"procsv: audit: quarantining the checkpoint(s) of step(s) {names}, committed after "
+                                f"step {wrong.after} by the timeline rolled back (trainer attempt {wrong.attempt}; "
+                                f"{wrong.reason}): moved to .procsv/quarantine/", err=True)])
 
     def _publish(self) -> None:
         """The audit's figures, as ``status.json`` and the metrics show them."""

@@ -28,6 +28,15 @@ interval after it replays as the trainer ran it), rolled back to the candidate's
 the program's replay from a checkpoint is not its trainer's, and the audit switches off
 (:attr:`Verdict.NONDETERMINISTIC`). A trainer that ends with a candidate undecided gets no verdict
 (:meth:`AuditBook.ended`).
+
+A rollback leaves the checkpoints the wrong timeline committed after S1 (S2 and every later one: each holds a
+state derived from the wrong one). Where the new timeline commits the same steps again it rewrites them in
+place; time-based saves (``save_model_secs``) land on other steps, and the wrong ones would stay, listed in the
+``checkpoint`` state file beside the new ones and retiring them (retention keeps the highest steps). So the
+book notes every commit's step and attempt (:func:`seen`), and a rollback says which of them to quarantine
+(:func:`wrong_timeline`: every step after S1 committed by the rolled-back attempt or an earlier one), as does a
+late commit of such an attempt after it (:func:`seen`); the checkpoint service moves them
+(:class:`~procsv.ipc.messages.AuditQuarantine`).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
+from procsv.ipc.messages import AuditQuarantine
 from procsv.watchdog.rules.actions import AuditRollback
 
 END_WAIT_SECS = 300.0  # --audit every: how long a trainer that finished waits for its last intervals' verdicts
@@ -132,6 +142,8 @@ class AuditBook:
     last_attempt: Optional[int] = None  # the trainer attempt of :attr:`last` (None: unknown, or a rollback's)
     exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
     candidate: Optional[Interval] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided
+    commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
+    rollbacks: list[AuditQuarantine] = field(default_factory=list)  # each rollback's quarantine (its steps: at the time)
 
     @property
     def fraction(self) -> float:
@@ -329,6 +341,39 @@ def next_replay(book: AuditBook, auditor_running: bool) -> Optional[Interval]:
 def replayed(book: AuditBook, replay: Replay) -> Optional[Judged]:
     """:meth:`AuditBook.replayed`."""
     return book.replayed(replay)
+
+
+def seen(book: AuditBook, step: int, attempt: int) -> Optional[AuditQuarantine]:
+    """A commit of ``step`` by trainer ``attempt`` (0: not said; every new commit, late ones too, an audit's off or
+    not): noted for :func:`wrong_timeline`. A late commit of a timeline rolled back (an attempt rolled back or an
+    earlier one, past that rollback's S1: a snapshot in flight at the kill, or the dead trainer's in-memory one
+    persisted) is quarantined at once: the quarantine of that step alone (None: it is not such a commit; one whose
+    attempt is not said never is)."""
+    if book.mode == AuditMode.OFF:
+        return None
+    for done in book.rollbacks:
+        if step > done.after and 0 < attempt <= done.attempt:
+            return AuditQuarantine(done.after, done.attempt, [step], done.reason)
+    book.commits[step] = attempt
+    return None
+
+
+def late(book: AuditBook, attempt: int) -> bool:
+    """Whether a commit of trainer ``attempt`` is of a timeline an audit rolled back (no interval of the audit)."""
+    return bool(attempt) and any(attempt <= done.attempt for done in book.rollbacks)
+
+
+def wrong_timeline(book: AuditBook, judged: Judged, attempt: int, why: str) -> Optional[AuditQuarantine]:
+    """Trainer ``attempt`` was rolled back to ``judged``'s start S1 (``why``: the restart's reason): the checkpoints
+    to quarantine, every step after S1 committed by that attempt or an earlier one (None: none); noted, so that a
+    late commit of that timeline is quarantined too (:func:`seen`). Never S1, never a later attempt's commit."""
+    after = judged.interval.start
+    steps = sorted(s for s, a in book.commits.items() if s > after and a <= attempt)
+    for s in steps:
+        del book.commits[s]
+    decided = AuditQuarantine(after, attempt, steps, why)
+    book.rollbacks.append(decided)
+    return decided if steps else None
 
 
 def rollback(judged: Judged, attempt: Optional[int], live: bool, finished: bool, finishing: bool, commit_step: int,

@@ -91,6 +91,9 @@ audit                  verdict, start, end, host, differ, auditors, reason
                        step start) | auditor (the replays disagree: the auditors' ``host``) | nondeterministic (the
                        audit switches off, ``reason``) | unaudited (no replay could be made, ``reason``); differ:
                        the tensors that differ; auditors: the auditor attempts it rests on)
+audit_quarantine       after, attempt, steps, reason
+                       (--audit: the checkpoints of a timeline an audit rolled back, committed after step ``after``
+                       by trainer ``attempt`` or an earlier one, told to the checkpoint service to quarantine)
 =====================  ==========================================================================
 """
 
@@ -144,6 +147,7 @@ class Event(str, enum.Enum):
     HOST_SUSPECT = "host_suspect"
     GROUP_COPY_REFUSED = "group_copy_refused"
     AUDIT = "audit"
+    AUDIT_QUARANTINE = "audit_quarantine"
 
 
 _RESTORE = frozenset({"pid", "step", "path", "secs", "skipped", "prepared_at", "warm_secs", "source"})
@@ -191,6 +195,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
                                      "differs_at"}),
     Event.HOST_SUSPECT: frozenset({"host", "faults", "limit", "step"}),
     Event.AUDIT: frozenset({"verdict", "start", "end", "host", "differ", "auditors", "reason"}),
+    Event.AUDIT_QUARANTINE: frozenset({"after", "attempt", "steps", "reason"}),
     Event.GROUP_COPY_REFUSED: frozenset({"rank", "attempt", "step", "size", "limit"}),
 }
 
