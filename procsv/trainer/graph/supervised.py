@@ -192,13 +192,7 @@ class GraphSupervision:
         ``start_standard_services`` (``start``), the graph's queue runners start."""
         setup = self.setup
         sess = setup.session
-        if not setup.prepared:  # restored: local_init_op and the ready check now
-            finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
-        setup.prepared = False  # (for the next session)
-        observe = getattr(setup.step, "observe", None)
-        if observe is not None and setup.global_step is not None:
-            observe(int(sess.raw.run(setup.global_step)))
-        sess.live = True
+        self._go_live(prepared=setup.prepared)
         if self._chief and self._config.place.ps:  # --ps: the waiting workers look at ready_op now
             readiness.tell_ready(self._layout, int(setup.step.numpy()))
         if self._chief and self._layout is not None:  # TF: the chief
@@ -219,16 +213,22 @@ class GraphSupervision:
         """An auditor's session (issue 71), checkpoint S1 restored in it: ``local_init_op``, the ready check
         and the session live, the queue runners started as :meth:`ready` starts them; nothing written (no
         ``graph.pbtxt``, no graph events, no ``summary_op`` at the start): the replay has no side effect."""
+        self._go_live(prepared=False)
+        if start:
+            start_queue_runners(self.setup.session)
+
+    def _go_live(self, prepared: bool) -> None:
+        """``local_init_op`` and the ready check unless ``prepared`` (a session initialized, not restored, had
+        them), the step counter told the session's global step, and the session live."""
         setup = self.setup
         sess = setup.session
-        finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
-        setup.prepared = False
+        if not prepared:  # restored: local_init_op and the ready check now
+            finish_preparation(setup.session_manager, sess, setup.init_op, self._settings.init_fn)
+        setup.prepared = False  # (for the next session)
         observe = getattr(setup.step, "observe", None)
         if observe is not None and setup.global_step is not None:
             observe(int(sess.raw.run(setup.global_step)))
         sess.live = True
-        if start:
-            start_queue_runners(sess)
 
     def _graph_events(self, setup: Any) -> None:
         """The GraphDef (as TF's ``add_graph``: with shapes, at step 0), then the MetaGraphDef: the

@@ -76,6 +76,66 @@ class DutyCycle:
         x = self.slowdown
         return None if x is None else max(0.0, x) * self.duty
 
+    def heard(self, now: float, wall: float, step: int, working: bool) -> None:
+        """The trainer reported ``step`` at its ``wall`` time (heard at ``now``); ``working``: between steps (a
+        snapshot, a final checkpoint) or not yet stepping: the stretch of the window ends there (the rate leaves
+        the work out), the next report begins another."""
+        if self.last_step is not None and step > self.last_step[1] and wall > self.last_step[0]:
+            self.step_secs = (wall - self.last_step[0]) / (step - self.last_step[1])
+        if self.last_step is None or step != self.last_step[1]:
+            self.last_step = (wall, step)
+        if working:
+            if self.window[-1]:
+                self.window.append([])
+            return
+        if self.since is None or now - self.since < SETTLE_SECS:
+            return
+        last = next((seg[-1] for seg in reversed(self.window) if seg), None)
+        if last is not None and (step < last[1] or wall <= last[0]):
+            self.spoiled = True  # a restart, a rollback: not the same run of steps
+            return
+        self.window[-1].append((wall, step))
+
+    def _rate(self, length: float) -> Optional[float]:
+        """The trainer's steps a second in the window that ends (``length`` s long), if it is a sample."""
+        stretches = [seg for seg in self.window if len(seg) >= 2]
+        steps = sum(seg[-1][1] - seg[0][1] for seg in stretches)
+        secs = sum(seg[-1][0] - seg[0][0] for seg in stretches)
+        if self.spoiled or steps <= 0 or secs < MIN_SPAN * (length - SETTLE_SECS):
+            return None
+        return steps / secs
+
+    def _begin(self, running: bool, since: Optional[float]) -> None:
+        self.running, self.since, self.window, self.spoiled = running, since, [[]], False
+
+    def tick(self, now: float, free: bool, auditor_live: bool) -> bool:
+        """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
+        the trainer is not training or the run is finishing: run, and start measuring afresh after.
+        ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
+        if self.running and not auditor_live:
+            self.spoiled = True
+        if free:
+            self._begin(True, None)
+            self.pause_rate = self.run_rate = None
+            return True
+        if self.since is None:
+            self._begin(True, now)
+            return True
+        due = run_secs(self) if self.running else pause_secs(self)
+        if now - self.since < due:
+            return self.running
+        rate = self._rate(now - self.since)
+        if self.running:
+            self.run_rate = rate
+        else:
+            if rate is not None and self.run_rate is not None:
+                base = rate if self.pause_rate is None else (rate + self.pause_rate) / 2  # the pauses on both sides
+                self.samples = (self.samples + [self.run_rate / base])[-SAMPLES:]
+                self.duty = duty_for(self.slowdown)
+            self.pause_rate, self.run_rate = rate, None
+        self._begin(not self.running, now)
+        return self.running
+
 
 def run_secs(dc: DutyCycle) -> float:
     """A run window: :data:`RUN_SECS` (:data:`FREE_RUN_SECS` at a duty near 1), or :data:`WINDOW_STEPS` steps."""
@@ -98,60 +158,10 @@ def duty_for(slowdown: Optional[float]) -> float:
 
 
 def heard(dc: DutyCycle, now: float, wall: float, step: int, working: bool) -> None:
-    """The trainer reported ``step`` at its ``wall`` time (heard at ``now``); ``working``: between steps (a
-    snapshot, a final checkpoint) or not yet stepping: the stretch of the window ends there (the rate leaves the
-    work out), the next report begins another."""
-    if dc.last_step is not None and step > dc.last_step[1] and wall > dc.last_step[0]:
-        dc.step_secs = (wall - dc.last_step[0]) / (step - dc.last_step[1])
-    if dc.last_step is None or step != dc.last_step[1]:
-        dc.last_step = (wall, step)
-    if working:
-        if dc.window[-1]:
-            dc.window.append([])
-        return
-    if dc.since is None or now - dc.since < SETTLE_SECS:
-        return
-    last = next((seg[-1] for seg in reversed(dc.window) if seg), None)
-    if last is not None and (step < last[1] or wall <= last[0]):
-        dc.spoiled = True  # a restart, a rollback: not the same run of steps
-        return
-    dc.window[-1].append((wall, step))
-
-
-def _rate(dc: DutyCycle, length: float) -> Optional[float]:
-    """The trainer's steps a second in the window that ends (``length`` s long), if it is a sample."""
-    stretches = [seg for seg in dc.window if len(seg) >= 2]
-    steps = sum(seg[-1][1] - seg[0][1] for seg in stretches)
-    secs = sum(seg[-1][0] - seg[0][0] for seg in stretches)
-    if dc.spoiled or steps <= 0 or secs < MIN_SPAN * (length - SETTLE_SECS):
-        return None
-    return steps / secs
+    """:meth:`DutyCycle.heard`."""
+    dc.heard(now, wall, step, working)
 
 
 def tick(dc: DutyCycle, now: float, free: bool, auditor_live: bool) -> bool:
-    """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
-    the trainer is not training or the run is finishing: run, and start measuring afresh after.
-    ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
-    if dc.running and not auditor_live:
-        dc.spoiled = True
-    if free:
-        dc.running, dc.since, dc.window, dc.spoiled = True, None, [[]], False
-        dc.pause_rate = dc.run_rate = None
-        return True
-    if dc.since is None:
-        dc.running, dc.since, dc.window, dc.spoiled = True, now, [[]], False
-        return True
-    due = run_secs(dc) if dc.running else pause_secs(dc)
-    if now - dc.since < due:
-        return dc.running
-    rate = _rate(dc, now - dc.since)
-    if dc.running:
-        dc.run_rate = rate
-    else:
-        if rate is not None and dc.run_rate is not None:
-            base = rate if dc.pause_rate is None else (rate + dc.pause_rate) / 2  # the pauses on both sides
-            dc.samples = (dc.samples + [dc.run_rate / base])[-SAMPLES:]
-            dc.duty = duty_for(dc.slowdown)
-        dc.pause_rate, dc.run_rate = rate, None
-    dc.running, dc.since, dc.window, dc.spoiled = not dc.running, now, [[]], False
-    return dc.running
+    """:meth:`DutyCycle.tick`."""
+    return dc.tick(now, free, auditor_live)
