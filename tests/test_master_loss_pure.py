@@ -107,7 +107,8 @@ def test_a_master_found_lost_is_not_found_lost_again_and_its_beats_back_clear_it
         master = master_beat(master, t)
     assert master_lost(master, 25.0, 15.0) is not None
     master = dataclasses.replace(master, lost_at=25.0)
-    assert master_lost(master, 26.0, 15.0) is None
+    # (probed on, no longer left alone: its address answering again is the healing the agent redials on)
+    assert master_lost(master, 26.0, 15.0) is None and master_probe_due(master, 26.0)
     gaps = list(master.gaps)
     master = master_beat(master, 30.0)
     assert master.lost_at is None and master.gaps == gaps  # (the gap across the loss is not learnt)
