@@ -31,6 +31,17 @@ filesystem stall).
   step, the restore apart (the goal: 1 s plus that), and from the packets passing to that hello. Each with the steps re-done (the last step trained before minus the step restored) and
   where the restore came from (``restored``'s ``source``).
 
+- **A partition healed** (``--only heal``, alone: its own table and line), ``--repeats`` runs of each length and
+  agent, interleaved: the sleeper job (no TensorFlow), node_lost, then the second host's packets dropped on for
+  ``--partitions`` seconds (2,10,30 by default) more, then passing again. The drop here is the bridge's (its port
+  to the second host disabled: every frame dropped there, after each host's kernel sent it, as a switch's outage;
+  each side's TCP retransmits on its own backoff: the blackhole routes of the other modes fail a send locally,
+  and a new write goes out at once after the heal). Measured: the heal -> node 0's ``node_joined`` (the agent's
+  hello; its ``link``: 1, the old connection, or a new one), with the agent as it is (it redials once node 0's
+  address answers again) and as before (``PROCSV_FAULT=agent:no_redial``: its old connection waits out its
+  backoff, a new one only after 2 x ``--node-timeout``). One line ``heal_hello_secs=<median> heal_hello_max=<max>
+  heal_hello_before_secs=<median> heal_hello_before_max=<max> heal_load=<1-min load>``; exits 1 if a run fails.
+
 - **The master lost** (``--only master``, alone: its own table and line), ``--repeats`` runs of each, interleaved:
   the digits group of two as in ``regroup`` (``--save-model-secs 30``: in-memory copies newer than the disk's),
   8 s after its first commit node 0 is lost: "silent", its packets dropped both ways for 20 s with its processes
@@ -70,8 +81,8 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
-from bench_group import (EXAMPLE, NET, NS, BenchError, chief_first_step, events, find, launch, second_host,  # scripts/
-                         status, stop, wait)
+from bench_group import (EXAMPLE, NET, NS, VETH, BenchError, chief_first_step, events, find, launch,  # scripts/
+                         second_host, status, stop, wait)
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 MASTER, HOST1 = f"{NET}.1", f"{NET}.11"
@@ -390,6 +401,79 @@ def master_loss(root: str, name: str, kind: str) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def bridge_dropped() -> Iterator[float]:
+    """Every frame between node 0 and the second host dropped by the bridge (its port to the second host disabled:
+    sent by each kernel, lost on the way); yields the wall time it began, and the heal's on exit is ``HEALED[0]``."""
+    subprocess.run(["bridge", "link", "set", "dev", VETH, "state", "0"], check=True)
+    try:
+        yield time.time()
+    finally:
+        subprocess.run(["bridge", "link", "set", "dev", VETH, "state", "3"], check=True)  # (forwarding)
+        HEALED[:] = [time.time()]
+
+
+HEALED: list[float] = []
+
+
+def heal(mnt: str, name: str, length: float, redial: bool) -> dict[str, Any]:
+    """One partition of the sleeper job's second host, ``length`` s past ``node_lost``: the heal -> ``node_joined``."""
+    job = Job(mnt, os.path.join(mnt, name), {} if redial else {"PROCSV_FAULT": "agent:no_redial"})
+    try:
+        job.joined()
+        time.sleep(BEATEN_SECS)
+        with bridge_dropped() as at:
+            lost = wait(lambda: next(iter(job.losses()), None), 60, "node 1 found lost")
+            time.sleep(max(0.0, lost["time"] + length - time.time()))
+        healed = HEALED[0]
+        joined = wait(lambda: find(events(job.logdir), "node_joined", after=healed, node=1), 120, "node 1's hello")
+        return {"hello": joined["time"] - healed, "link": joined.get("link"), "detect": lost["time"] - at}
+    finally:
+        job.end()
+
+
+def heal_main(args: argparse.Namespace) -> int:
+    """``--only heal``: ``heal`` of each length and agent, ``--repeats`` runs interleaved; a table, one line."""
+    lengths = [float(x) for x in args.partitions.split(",") if x]
+    root = tempfile.mkdtemp(prefix="procsv-bench-heal-")
+    runs: dict[tuple[float, bool], list[dict[str, Any]]] = {(n, r): [] for n in lengths for r in (True, False)}
+    failures: list[str] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, root, True)
+        stack.enter_context(second_host())
+        for i in range(args.repeats):
+            for length in lengths:
+                for redial in ((True, False) if i % 2 == 0 else (False, True)):
+                    try:
+                        got = heal(root, f"heal{i}-{length:g}-{int(redial)}", length, redial)
+                    except BenchError as exc:
+                        failures.append(f"heal {length:g} s ({'redial' if redial else 'before'}): {exc}")
+                        continue
+                    runs[(length, redial)].append(got)
+                    print(f"partition {length:g} s past node_lost, {'redial' if redial else 'before (no_redial)'}: "
+                          f"{got}; load {os.getloadavg()[0]:.1f}", flush=True)
+    load = os.getloadavg()
+    print()
+    print("| partition past node_lost | heal -> hello (redial) | its link | heal -> hello (before) | its link |")
+    print("| --- | --- | --- | --- | --- |")
+    for length in lengths:
+        new, old = runs[(length, True)], runs[(length, False)]
+        print(f"| {length:g} s | {spread([r['hello'] for r in new])} | {[r['link'] for r in new]} | "
+              f"{spread([r['hello'] for r in old])} | {[r['link'] for r in old]} |")
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    if any(len(rs) < args.repeats for rs in runs.values()):
+        failures.append("a heal run did not get as far as its measure")
+    new = [r["hello"] for (_, redial), rs in runs.items() if redial for r in rs]
+    old = [r["hello"] for (_, redial), rs in runs.items() if not redial for r in rs]
+    med = (lambda xs: f"{statistics.median(xs):.3f}" if xs else "nan")
+    top = (lambda xs: f"{max(xs):.3f}" if xs else "nan")
+    print(f"heal_hello_secs={med(new)} heal_hello_max={top(new)} heal_hello_before_secs={med(old)} "
+          f"heal_hello_before_max={top(old)} heal_load={load[0]:.1f}")
+    for f in failures:
+        print(f"bench_host_loss: FAILED: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
 def master_main(args: argparse.Namespace) -> int:
     """``--only master``: ``master_loss`` of each kind, ``--repeats`` runs interleaved; a table, one line, exit 1 on a failed check."""
     root = tempfile.mkdtemp(prefix="procsv-bench-masterloss-")
@@ -451,7 +535,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--minutes", type=float, default=30.0, help="length of each false-loss run (30 for the issue)")
-    ap.add_argument("--only", choices=("detect", "slow", "regroup", "master"), help="run one part only")
+    ap.add_argument("--only", choices=("detect", "slow", "regroup", "master", "heal"), help="run one part only")
+    ap.add_argument("--partitions", default="2,10,30", help="--only heal: the partitions' lengths past node_lost (s)")
     ap.add_argument("--together", action="store_true", help="the false-loss runs at once (each its own job)")
     ap.add_argument("--kinds", default=",".join(k for k, _ in KINDS), help="the false-loss runs, by name")
     args = ap.parse_args()
@@ -460,6 +545,8 @@ def main() -> int:
         return 2
     if args.only == "master":
         return master_main(args)
+    if args.only == "heal":
+        return heal_main(args)
     root = tempfile.mkdtemp(prefix="procsv-bench-hostloss-")
     fast: list[float] = []
     old: list[float] = []

@@ -8,6 +8,7 @@ back before the final commit. Real processes, real TensorFlow collectives, real 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,6 +198,13 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
     assert memberships(logdir) == before + [([0], 1), ([0, 1], 2)], aerr
     assert code == 0, err
     assert acode == 0, aerr
+    # once node 0's address answered again (or its beats came back) the agent made a new connection at once, once,
+    # for the partition's silence (issue 70: before, it kept the one the partition cut, which waits out TCP's
+    # retransmission backoff: up to about the partition's length past the heal with a real network's loss; these
+    # blackhole routes fail the sends locally instead, so that the old connection may well say the hello first)
+    redials = re.findall(r"node 0 is heard again after ([\d.]+) s of silence: a new connection to it \(link (\d+);",
+                         aerr)
+    assert len(redials) == 1 and float(redials[0][0]) >= PARTITION_SECS, aerr[-3000:]
 
 
 def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, logdir):

@@ -8,6 +8,9 @@ answer) or a launch gone (no beat, its port refusing: a reset counts as no answe
 its silence; a master whose loop is slow never is (stopped 200 ms every 3 s, starved of CPU, a 10 s stall): its
 kernel completes the handshakes, and only ``--node-timeout`` applies. Before, an agent stopped its members only
 once node 0 was silent for ``--node-timeout`` (15 s): its members stayed that long in a stale group.
+
+A master found lost is probed on, and its address answering again after a silence (a partition healed) makes the
+agent redial at once (``master_redial``), once per healing; a slow master, whose kernel answered all along, never.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import dataclasses
 import random
 from typing import Callable, Optional
 
-from procsv.watchdog.multihost.masterseen import master_beat, master_probe_sent, master_probes_looked
-from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, SUSPECT_CAP, master_lost, master_probe_due
+from procsv.watchdog.multihost.masterseen import (UNANSWERED_KEPT, master_beat, master_probe_sent,
+                                                  master_probes_looked)
+from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, PROBE_EVERY, SUSPECT_CAP, master_lost, master_probe_due,
+                                         master_redial)
 from procsv.watchdog.rules.state import NodeView
 from test_host_loss_pure import alive, steady
 
@@ -102,7 +107,8 @@ def test_a_master_found_lost_is_not_found_lost_again_and_its_beats_back_clear_it
         master = master_beat(master, t)
     assert master_lost(master, 25.0, 15.0) is not None
     master = dataclasses.replace(master, lost_at=25.0)
-    assert master_lost(master, 26.0, 15.0) is None and not master_probe_due(master, 26.0)
+    # (probed on, no longer left alone: its address answering again is the healing the agent redials on)
+    assert master_lost(master, 26.0, 15.0) is None and master_probe_due(master, 26.0)
     gaps = list(master.gaps)
     master = master_beat(master, 30.0)
     assert master.lost_at is None and master.gaps == gaps  # (the gap across the loss is not learnt)
@@ -124,3 +130,71 @@ def test_a_master_stopped_whole_for_14_s_is_probed_too_seldom_to_fill_its_socket
     assert len([t for t in sent if 10.0 <= t < 24.5]) <= 30, len(sent)
     found = run(steady(0.0, 10.0), lambda t: True if t < 12.0 else None, until=30)
     assert found is not None and found[0] - 12.0 <= 1.5, found
+
+
+def redials(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, node_timeout: float = 15.0,
+            rtt: float = 0.001) -> tuple[list[float], list[float], NodeView]:
+    """The agent's turns as :func:`run`'s, the master marked lost when found so (as ``MasterSeen.lost`` does), and
+    a redial whenever :func:`master_redial` says so (its time becomes the connection's): the times it was found
+    lost, the times it redialed, and the view at the end."""
+    master = NodeView(0, probe=MASTER)
+    answers: list[tuple[float, float, bool]] = []
+    lost: list[float] = []
+    dialed: list[float] = []
+    b = 0
+    for i in range(int(until / TURN) + 1):
+        now = round(i * TURN, 6)
+        while b < len(beats) and beats[b] <= now:
+            master = master_beat(master, now)
+            b += 1
+        got = [a for a in answers if a[0] <= now]
+        answers = [a for a in answers if a[0] > now]
+        master = master_probes_looked(master, now, [(sent, handshake) for _, sent, handshake in got])
+        if master_redial(master, dialed[-1] if dialed else 0.0):
+            dialed.append(now)
+        if master_probe_due(master, now):
+            master = master_probe_sent(master, now)
+            said = kernel(now)
+            if said is not None:
+                answers.append((now + rtt, now, said))
+        if master_lost(master, now, node_timeout) is not None:
+            master = dataclasses.replace(master, lost_at=now)
+            lost.append(now)
+    return lost, dialed, master
+
+
+def test_a_partition_that_heals_makes_the_agent_redial_within_a_turn_or_two_whatever_its_length() -> None:
+    """The master's host silent from t = 10 (no beat, no answer: a partition) until t = 10 + P. Found lost within
+    0.5 s, probed every PROBE_EVERY all the while, and redialed once, within two turns of the heal, for a partition
+    of 2 s or of 10 minutes: whether its address answers a probe first (its beats come back only over the new
+    connection), or node 0's beats come back first over the old one (node 0's side retried first: the agent's
+    side of that connection may still wait out its backoff). The probes it keeps stay bounded."""
+    for length in (2.0, 600.0):
+        heal = 10.0 + length
+
+        def kernel(t: float) -> Optional[bool]:
+            return True if t < 10.0 or t >= heal else None
+
+        for beats_back in ([], steady(heal + 0.001, heal + 5)):
+            lost, dialed, master = redials(steady(0.0, 10.0) + beats_back, kernel, until=heal + 5)
+            assert len(lost) == 1 and lost[0] - 10.0 <= 0.5, lost
+            assert len(dialed) == 1 and heal <= dialed[0] <= heal + 2 * TURN, (length, beats_back[:1], dialed)
+            assert master.healed_after >= length - 0.5, master.healed_after
+            assert len(master.unanswered) <= UNANSWERED_KEPT + 1
+
+
+def test_a_slow_master_lost_at_the_node_timeout_is_never_redialed_nor_one_still_silent() -> None:
+    """Node 0 stopped 30 s (its kernel answers every probe): lost at --node-timeout, never redialed (its connection
+    lost no packet), its beats back or not. A master host still silent: probed on, never redialed. A healing is
+    redialed once: not again by a connection made after it."""
+    for back in (steady(35.0, 40.0), []):
+        _, dialed, _ = redials(steady(0.0, 5.0) + back, alive, until=40)
+        assert dialed == []
+    lost, dialed, master = redials(steady(0.0, 5.0), lambda t: True if t < 5.0 else None, until=60)
+    assert len(lost) == 1 and dialed == [] and master.probed_at is not None and master.probed_at > 59.0
+    master = master_beat(NodeView(0, probe=MASTER, lost_at=10.0, unanswered=[9.9, 9.95, 10.0], looked_at=19.98), 20.0)
+    assert master.healed_at == 20.0 and master_redial(master, 5.0) and not master_redial(master, 20.05)
+    # a probe just out; one sent before the agent was descheduled 2 s, not looked at since: no silence seen
+    for unanswered, looked in (([29.98], 29.99), ([27.9], 27.91)):
+        answered = master_beat(NodeView(0, probe=MASTER, lost_at=25.0, unanswered=unanswered, looked_at=looked), 30.0)
+        assert answered.healed_at is None and not master_redial(answered, 5.0)

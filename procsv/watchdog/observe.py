@@ -468,7 +468,7 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     if not back or msg.live:  # (live: it still runs members of an old group; it stops them first, as an
         return []  # agent that lost us does)
     node.lost_at, node.joined_at = None, now
-    return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid},
+    return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid, "link": msg.link},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 

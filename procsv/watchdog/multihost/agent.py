@@ -28,7 +28,11 @@ beats, every 0.1 s, late past the adaptive bound and its address answering none 
 every :class:`MasterBeat` and :class:`NodeRefused` carries; until the first of them, this agent's own
 ``--node-timeout``), the agent SIGKILLs its members (they are part of a group that cannot go on) and says why
 and keeps reconnecting (every second once found lost), reloading the launch's public key and filing its own key
-again for a relaunched master's new launch; node 1's agent says its first hello to a relaunched master once its
+again for a relaunched master's new launch. It probes node 0's address on, and once node 0 is heard again after
+a silence (its address answers a probe, or a beat comes: a partition healed,
+:func:`~procsv.watchdog.rules.hosts.master_redial`) it replaces its connection at once (the one it had waits out
+TCP's retransmission backoff, up to about the partition's length, before its hello passes). Node 1's agent says its
+first hello to a relaunched master once its
 holder handed its copies back there (``HOLDER_WAIT_SECS`` at most); after ``rejoin_timeout`` seconds it exits 1
 (an elastic job's outlives a partition: :mod:`.masterseen`).
 A SIGTERM/SIGINT is left to node 0 while connected (:mod:`.agentstop`), else it stops the members and exits
@@ -118,6 +122,7 @@ class NodeAgent(Prewarmed):
         self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
+        self.job_keys: Optional[curve.Job] = None  # the launch its socket is connected to (a redial's)
         # the members node 0 asked for in this launch ("slot.attempt"; each starts once), and whether a
         # SignalMember reached it alive (its MemberEnded says so)
         self.asked: dict[str, bool] = {}
@@ -189,21 +194,23 @@ class NodeAgent(Prewarmed):
         port = ProbePort(self.host)  # node 0's probes: this host's kernel answers them, this loop turning or not
         try:
             return self._turn(zctx, pull, stops, port, "" if faults.fires("agent", "no_probe_port") else port.address,
-                              holder)
+                              holder, not faults.fires("agent", "no_redial"))
         finally:
             port.close()
             self.seen.close()
 
     def _turn(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], port: ProbePort,
-              probe: str, holder: Optional[Holder]) -> "Optional[zmq.Socket[Any]]":
+              probe: str, holder: Optional[Holder], redial: bool = True) -> "Optional[zmq.Socket[Any]]":
         """The loop of :meth:`_loop`, with its probe port (``probe``: its address as said in each hello; "" for
-        none, a bench's agent as before the probes: ``PROCSV_FAULT=agent:no_probe_port``). Node 1's agent holds
+        none, a bench's agent as before the probes: ``PROCSV_FAULT=agent:no_probe_port``; ``redial``: False, a bench's
+        agent as before its redial of a healed partition, ``PROCSV_FAULT=agent:no_redial``). Node 1's agent holds
         back its hellos to a relaunched master (a new launch, after one it knew) until its ``holder`` handed its
         copies back to the new launch's checkpoint service, ``HOLDER_WAIT_SECS`` at most: the relaunched group
         starts once every host joined, and its chief's first restore asks that service for them."""
         dealer: Optional[zmq.Socket[Any]] = None
         link = 0  # its connections to the master so far: each hello names the one it is sent on (NodeHello.link)
         connected_at = beat_at = float("-inf")
+        dialed_at = float("-inf")  # when it made the socket it has (a healed partition's redial: after it only)
         only_new = False  # the reconnect in flight connects only to a new launch
         relaunch_at: Optional[float] = None  # a relaunched master's launch read then, its hellos held back for the holder
         while self.stop_code is None:
@@ -224,7 +231,7 @@ class NodeAgent(Prewarmed):
                 if known is not None and self.job != known and holder is not None:
                     relaunch_at = now
                 if fresh is not dealer:
-                    link += 1
+                    link, dialed_at, beat_at = link + 1, self.clock(), float("-inf")
                 dealer = fresh
                 self._rejoin = None
             if self.zygote is not None:
@@ -233,6 +240,11 @@ class NodeAgent(Prewarmed):
             if dealer is not None:
                 self._from_master(dealer)
                 self.seen.probe(now)  # (rule 12 the other way: the answers observed before master_lost decides)
+                if redial and self.job_keys is not None and (silent := self.seen.redial(dialed_at)) is not None:
+                    dealer = self._dial(zctx, dealer, self.job_keys)  # (its old one waits out TCP's backoff)
+                    link, dialed_at, beat_at = link + 1, self.clock(), float("-inf")  # (after what it observed)
+                    self.say(f"node 0 is heard again after {silent:.1f} s of silence: a new connection to it (link "
+                             f"{link}; the one it had waits out TCP's retransmission backoff)")
                 self._forked(dealer)
                 self.relay(pull, dealer)
                 self._look(dealer, now)
@@ -245,10 +257,13 @@ class NodeAgent(Prewarmed):
                                                 or now - relaunch_at >= HOLDER_WAIT_SECS):
                     relaunch_at = None
                 if relaunch_at is None and now - beat_at >= AGENT_BEAT_SECS - TICK / 2:  # (a beat each 0.1 s)
-                    beat_at = now
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
-                    send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(), self.addresses,
-                                           sorted(self.members), self.stop.signum or 0, warm, link, probe))
+                    # (one not sent, its connection not up yet, goes at the next turn: a new link's first hello
+                    # within a turn of its handshake, not a beat later)
+                    if send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
+                                              self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
+                                              probe)):
+                        beat_at = now
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
@@ -320,11 +335,16 @@ class NodeAgent(Prewarmed):
             self.key_file, self.job = got.key_file, got.job.job
             self.asked.clear()  # (a new launch counts its attempts anew)
             self.seen.new_master()
+        self.job_keys = got.job
+        return self._dial(zctx, old, got.job)
+
+    def _dial(self, zctx: "zmq.Context[Any]", old: "Optional[zmq.Socket[Any]]", job: curve.Job) -> "zmq.Socket[Any]":
+        """A new socket connected to the master of launch ``job`` (``old`` closed)."""
         if old is not None:
             old.close(0)  # (its kernel may still deliver what it queued, late: the hellos say which link)
         sock = make_socket(zctx, zmq.DEALER)  # no identity: the master knows this agent by its key
         sock.setsockopt(zmq.IMMEDIATE, 1)  # nothing is queued for a master that is not connected
-        curve.connect_as_agent(sock, self.keys, got.job)
+        curve.connect_as_agent(sock, self.keys, job)
         sock.connect(f"tcp://{self.cfg.master_addr}")
         return sock
 

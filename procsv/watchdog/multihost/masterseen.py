@@ -13,7 +13,10 @@ gone: SIGKILLed, its host lost, or a logdir this host cannot read).
 Before giving up, an agent stops its members once its master is lost (rule 12 the other way:
 :func:`~procsv.watchdog.rules.hosts.master_lost`, within 0.5 s of a silent host or a launch gone). It keeps a
 :class:`~procsv.watchdog.rules.state.NodeView` of node 0 for that, observed here as node 0's watchdog observes an
-agent's (:func:`master_beat`, :func:`master_probe_sent`, :func:`master_probes_looked`).
+agent's (:func:`master_beat`, :func:`master_probe_sent`, :func:`master_probes_looked`). A master found lost is
+probed on: its address answering again after a silence (a partition healed) is when the agent replaces its
+connection (:func:`~procsv.watchdog.rules.hosts.master_redial`, :meth:`MasterSeen.redial`), not its old one's
+retransmission backoff.
 """
 
 from __future__ import annotations
@@ -25,22 +28,35 @@ from typing import Any, Callable, Optional
 from procsv.common.layout import Layout, read_json
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.multihost.probes import Prober
-from procsv.watchdog.rules.hosts import GAPS_KEPT, master_lost, master_probe_due
+from procsv.watchdog.rules.hosts import GAPS_KEPT, PROBE_WINDOW, master_lost, master_probe_due, master_redial
 from procsv.watchdog.rules.state import NodeView
+
+# the probes of a silent master kept in its view: the silence's first and the newest (a partition of hours is probed
+# every 0.05 s; what master_lost and master_redial read is the first and the last few)
+UNANSWERED_KEPT = 20
 
 
 def master_beat(master: NodeView, now: float) -> NodeView:
     """After a :class:`~procsv.ipc.messages.MasterBeat` read at ``now``: the gap since the last one learnt (not one
-    across a loss: the detector learns a connected master's gaps only), its probes since forgotten, not lost."""
+    across a loss: the detector learns a connected master's gaps only), its probes since forgotten, not lost. A
+    beat that ends a loss during which node 0's address answered no probe for ``PROBE_WINDOW`` at least is a
+    healing too (``healed_at``): node 0's side of the connection retried first, the agent's side may still wait."""
     gaps = [*master.gaps[1 - GAPS_KEPT:], now - master.last_beat] \
         if master.last_beat is not None and master.lost_at is None else master.gaps
-    return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None)
+    # (the silence as the agent's last look saw it: a probe it sent and was descheduled before looking at is none)
+    healed = (now, now - master.unanswered[0]) if master.lost_at is not None and master.unanswered \
+        and master.looked_at is not None and master.looked_at - master.unanswered[0] >= PROBE_WINDOW \
+        else (master.healed_at, master.healed_after)
+    return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None,
+                               healed_at=healed[0], healed_after=healed[1])
 
 
 def master_probe_sent(master: NodeView, sent: float) -> NodeView:
     """After the agent probed node 0's address at ``sent`` (:func:`~procsv.watchdog.rules.hosts.master_probe_due`;
     the prober's clock once the handshake's first packet was out)."""
-    return dataclasses.replace(master, probed_at=sent, unanswered=[*master.unanswered, sent])
+    kept = master.unanswered if len(master.unanswered) <= UNANSWERED_KEPT else \
+        [master.unanswered[0], *master.unanswered[1 - UNANSWERED_KEPT:]]  # (the silence's first, and the last ones)
+    return dataclasses.replace(master, probed_at=sent, unanswered=[*kept, sent])
 
 
 def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple[float, bool]]) -> NodeView:
@@ -49,11 +65,14 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
     host was up then); a reset does not (node 0's port is its launch's own socket: a refusal means the launch is
     gone). :func:`~procsv.watchdog.rules.hosts.kernel_silent` counts what was still out at this look, as node 0's
     rule 12 does for an agent (never the agent's own lateness in deciding)."""
-    unanswered, ok = master.unanswered, master.probe_ok
+    unanswered, ok, healed = master.unanswered, master.probe_ok, (master.healed_at, master.healed_after)
     for sent, handshake in answers:
         if handshake:
+            if unanswered and sent - unanswered[0] >= PROBE_WINDOW:  # none answered since (the address was silent)
+                healed = looked_at, sent - unanswered[0]
             unanswered, ok = [s for s in unanswered if s > sent], True
-    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at)
+    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed_at=healed[0],
+                               healed_after=healed[1])
 
 
 def status_stamp(layout: Layout) -> Any:
@@ -114,6 +133,11 @@ class MasterSeen:
             self.view = dataclasses.replace(self.view, lost_at=now)
             self.prober.forget(0)
         return why
+
+    def redial(self, dialed_at: float) -> Optional[float]:
+        """How long node 0's address answered no probe before it answered again, if the agent replaces its
+        connection now (:func:`master_redial`: made at ``dialed_at``); None: it keeps it."""
+        return self.view.healed_after if master_redial(self.view, dialed_at) else None
 
     @property
     def is_lost(self) -> bool:

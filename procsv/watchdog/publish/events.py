@@ -51,7 +51,9 @@ orphans_killed         pids (processes of the run whose parent died, adopted and
 logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
 standby_ready          pid, attempt, secs (a hot standby waits, its program built, since spawn)
 standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
-node_joined            node, host, pid (``--nnodes``: another host's agent connected, or came back)
+node_joined            node, host, pid, link
+                       (``--nnodes``: another host's agent connected, or came back; link: its connection that said
+                       the hello, ``NodeHello.link``)
 node_lost              node, host, silent_secs, reason (its agent went silent: its trainers count as dead)
 node_refused           node, host, pid, key, reason (an agent's claim of a node rank another agent's key holds)
 membership             attempt, nodes, hosts, world, left, joined, reason
@@ -181,7 +183,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.LOGDIR_LOST: frozenset({"path", "reason"}),
     Event.STANDBY_READY: frozenset({"pid", "attempt", "secs"}),
     Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
-    Event.NODE_JOINED: frozenset({"node", "host", "pid"}),
+    Event.NODE_JOINED: frozenset({"node", "host", "pid", "link"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),
     Event.MEMBERSHIP: frozenset({"attempt", "nodes", "hosts", "world", "left", "joined", "reason"}),

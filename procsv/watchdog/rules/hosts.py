@@ -223,8 +223,10 @@ def master_probe_due(master: NodeView, now: float) -> bool:
     its beats are late past :func:`suspect_after`, every ``PROVE_EVERY`` until its address answered once; and
     every ``PROVE_EVERY`` once its kernel answered in this silence (a master stopped whole, its ZeroMQ thread too,
     accepts nothing: each probe waits in its listening socket's backlog, 100 by default, and a full backlog
-    answers no more; at ``PROBE_EVERY`` 15 s of a stopped master would fill it, at ``PROVE_EVERY`` never)."""
-    if not master.probe or master.last_beat is None or master.lost_at is not None:
+    answers no more; at ``PROBE_EVERY`` 15 s of a stopped master would fill it, at ``PROVE_EVERY`` never). Also
+    once it is found lost, at the same pace: its address answering again is when the agent redials
+    (:func:`master_redial`)."""
+    if not master.probe or master.last_beat is None:
         return False
     # (a handshake covers every probe sent up to it: masterseen.master_probes_looked; with none out, and one sent in
     # this silence, node 0's kernel answered in it: the next probe PROVE_EVERY later, the others PROBE_EVERY after it)
@@ -233,3 +235,16 @@ def master_probe_due(master: NodeView, now: float) -> bool:
     every = (PROVE_EVERY if answered else PROBE_EVERY) if suspected(master, now) \
         else None if master.probe_ok else PROVE_EVERY
     return every is not None and (master.probed_at is None or now - master.probed_at >= every - 1e-9)
+
+
+def master_redial(master: NodeView, dialed_at: float) -> bool:
+    """Whether a node agent replaces its connection to its master now (a new socket: ``NodeHello.link`` + 1): node
+    0's address answered no probe for ``PROBE_WINDOW`` at least and was heard again since the agent made its
+    connection (``dialed_at``): a handshake answered, or a beat that ended its loss (``healed_at``: a partition
+    healed, the packets pass again). The connection it has waits out TCP's retransmission backoff on the agent's
+    side (from 0.2 s, doubled at each unanswered try up to 120 s: after a partition of P seconds its next try
+    comes up to about P later, and only then does its hello pass; node 0's side retries on its own backoff, so
+    node 0's beats may come back first); a new one is up within a few round trips. Once per healing: a master
+    whose kernel answered all along (a slow one, lost at ``node_timeout``) lost no packet and keeps its
+    connection."""
+    return master.healed_at is not None and master.healed_at > dialed_at
