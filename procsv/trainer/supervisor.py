@@ -438,7 +438,14 @@ class Supervisor(SupervisorNames):
             self._session = graph.open_session(master, config, self.should_stop)
         replay.begin()
         if self._keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
-            self._keeper.agent.replaying_from(replay.start)
+            agent = self._keeper.agent
+            agent.replaying_from(replay.start, replay.restored)  # (restored_from: Keras fit resumes at its position)
+
+            def prepare() -> None:  # what a snapshot writes first: the step, a Keras fit's position
+                for before_snapshot in agent.hooks.prepare:
+                    before_snapshot()
+
+            replay.prepare = prepare
         if graph is not None:
             graph.replaying(self._surface.start_queue_runners, start)
         else:
