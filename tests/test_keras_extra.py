@@ -77,7 +77,7 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "2", "--marker",
                                    os.path.join(short_tmp, "procsv.killed"), "--logdir", logdir,
-                                   target=TWO_FITS, opts=("--standby", "fork")), 240)
+                                   target=TWO_FITS, opts=("--standby", "fork", "--audit", "every")), 240)
     assert code == 0, err
     assert "keras_two_fits: gave up" not in err, err  # the kill waited for a commit of its epoch that never came
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
@@ -92,9 +92,15 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     # save taken with the state of the first boundary after that commit's answer, "epoch 3, batch 2"), or from a
     # later in-memory snapshot the service held and persisted at the death (the tier's timing: seen at load 7 in
     # a fresh-clone run, "epoch 3, batch 3")
-    assert re.search(r"procsv: fit resumes at epoch 3, batch [1-4] ", out), out
+    assert re.search(r"\[trainer\.2\] procsv: fit resumes at epoch 3, batch [1-4] ", out), out
     assert _losses(second, 2) == _losses(plain_lines, 2)[2:]  # its logged loss: the training loss, of each epoch
     assert _same(_npz(out_path), plain_weights)  # each epoch of each fit trained once: the uninterrupted weights
+    # --audit every (issue 71), in the same launch: an auditor runs the program as a restarted trainer does, its
+    # fit 1 (completed before S1) trains nothing and does not answer, its fit 2 replays the interval from S1. The
+    # last interval, 48-56 (fit 2's last epoch: the run's end waits for it), matches, and no interval differs
+    # (before: every interval of fit 2 went unaudited, "the program ended at step 48, before step 56")
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
+    assert ("match", 48, 56) in audits and all(verdict == "match" for verdict, _, _ in audits), (audits, err[-3000:])
 
 
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")

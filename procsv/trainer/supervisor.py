@@ -228,7 +228,7 @@ class Supervisor(SupervisorNames):
         Supervisor through (:mod:`procsv.trainer.frontend.port`); a training program has no use for it."""
         return FrontEnd(self._keeper, self._boundary, self._rollback, self._state, self._graph, self._clock,
                         session=lambda: self._session, release=self._release, stop=self.stop,
-                        launch_start_step=self._config.resume.launch_start_step)
+                        launch_start_step=self._config.resume.launch_start_step, pass_audit_on=self._pass_audit_on)
 
     # ----------------------------------------------------------------- TF's values: the collaborators'
     # (procsv's own values of that kind, which a subclass may shadow: SupervisorNames' ForwardValue)
@@ -455,6 +455,11 @@ class Supervisor(SupervisorNames):
         replay.claim(self._state)
         return self._session
 
+    def _pass_audit_on(self) -> None:
+        """An auditor's session that trains nothing (``FrontEnd.trains_nothing``) leaves its answer to the next."""
+        if self._audit is not None:
+            self._audit.passed_on = True
+
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
         """Request a stop; join the threads (``sv.loop``'s and ``threads``), then the final checkpoint (unless an
         exception was recorded), flush summaries, release everything, all within one ``stop_grace_secs`` deadline.
@@ -497,8 +502,8 @@ class Supervisor(SupervisorNames):
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
-        if self._audit is not None:  # an auditor's program ended (at S2, its last step: compare; before it: said)
-            self._audit.end(self._state.step)
+        if self._audit is not None and not self._audit.passed_on:  # an auditor's program ended (at S2, its last
+            self._audit.end(self._state.step)  # step: compare; before it: said), unless its next session answers
         self._stopped = self._started
         channels = self._channels
         if channels is None:

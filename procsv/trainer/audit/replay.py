@@ -19,7 +19,8 @@ S2. A program with no state to save answers with an error (:data:`UNSUPPORTED`).
 The replay is a restart's: S1 counts as the checkpoint restored (the agent's ``restored_from``), so Keras ``fit``
 (:mod:`procsv.trainer.keras.fit`) resumes at S1's epoch and batch with the earlier epochs' input put back, and at
 S2 what a snapshot writes first runs (:attr:`AuditReplay.prepare`: the step, ``fit``'s position) before the state
-is read.
+is read. A session that trains nothing (a Keras ``fit`` that completed before S1) leaves the answer to the
+program's next session (:attr:`AuditReplay.passed_on`), which replays from S1 again, as a restart's next fit does.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class AuditReplay:
         # what the trainer's snapshot runs first (the step into its variable, a Keras fit's position): set by the
         # Supervisor, run before the state at S2 is read, so that it holds what the trainer's checkpoint S2 holds
         self.prepare: Callable[[], None] = lambda: None
+        self.passed_on = False  # this session trains nothing (a completed Keras fit's): the program's next answers
 
     def begin(self) -> None:
         """Restore exactly checkpoint S1 and digest checkpoint S2, under the restore lock; a failure answers
