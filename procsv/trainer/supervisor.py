@@ -228,7 +228,7 @@ class Supervisor(SupervisorNames):
         Supervisor through (:mod:`procsv.trainer.frontend.port`); a training program has no use for it."""
         return FrontEnd(self._keeper, self._boundary, self._rollback, self._state, self._graph, self._clock,
                         session=lambda: self._session, release=self._release, stop=self.stop,
-                        launch_start_step=self._config.resume.launch_start_step, pass_audit_on=self._pass_audit_on)
+                        launch_start_step=self._config.resume.launch_start_step)
 
     # ----------------------------------------------------------------- TF's values: the collaborators'
     # (procsv's own values of that kind, which a subclass may shadow: SupervisorNames' ForwardValue)
@@ -436,7 +436,10 @@ class Supervisor(SupervisorNames):
         graph = self._graph
         if graph is not None:
             self._session = graph.open_session(master, config, self.should_stop)
-        replay.begin()
+        target = None  # what a restart would restore (a front-end's choice: a Keras fit's restore target)
+        if self._keeper is not None:
+            target, self._keeper.restore_target = self._keeper.restore_target, None
+        replay.begin(target)
         if self._keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
             agent = self._keeper.agent
             agent.replaying_from(replay.start, replay.restored)  # (restored_from: Keras fit resumes at its position)
@@ -454,11 +457,6 @@ class Supervisor(SupervisorNames):
         self._state.step = int(self._global_step.numpy())
         replay.claim(self._state)
         return self._session
-
-    def _pass_audit_on(self) -> None:
-        """An auditor's session that trains nothing (``FrontEnd.trains_nothing``) leaves its answer to the next."""
-        if self._audit is not None:
-            self._audit.passed_on = True
 
     def stop(self, threads: Any = None, close_summary_writer: bool = True, ignore_live_threads: bool = False) -> None:
         """Request a stop; join the threads (``sv.loop``'s and ``threads``), then the final checkpoint (unless an
@@ -502,8 +500,8 @@ class Supervisor(SupervisorNames):
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
-        if self._audit is not None and not self._audit.passed_on:  # an auditor's program ended (at S2, its last
-            self._audit.end(self._state.step)  # step: compare; before it: said), unless its next session answers
+        if self._audit is not None:  # an auditor's session ended: at S2, its program's last step, compare; before
+            self._audit.stopped(self._state.step)  # it, said; where it began (trained nothing), the next answers
         self._stopped = self._started
         channels = self._channels
         if channels is None:

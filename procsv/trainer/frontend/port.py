@@ -190,7 +190,7 @@ class FrontEnd:
     def __init__(self, keeper: Optional[CheckpointKeeper], boundary: StepBoundary, rollback: NonfiniteRollback,
                  state: StepState, graph: Optional[GraphSupervision], clock: Callable[[], float], *,
                  session: Callable[[], Any], release: Callable[[], None], stop: Callable[..., None],
-                 launch_start_step: Optional[int] = None, pass_audit_on: Callable[[], None] = lambda: None) -> None:
+                 launch_start_step: Optional[int] = None) -> None:
         self._keeper = keeper
         self._boundary = boundary
         self._graph = graph
@@ -198,7 +198,6 @@ class FrontEnd:
         self.clock = clock  # the monotonic clock the Supervisor's timers read (tests inject one)
         self.rollback = RollbackPort(rollback, state)
         self._stop = stop  # Supervisor.stop
-        self._pass_audit_on = pass_audit_on
         self.release = release  # let a session that did not start go: its channels, its own services
         # the step this launch's first trainer began at, as the watchdog told a restarted one (None: this is
         # the launch's first trainer, or no watchdog): a StopAtStepHook's num_steps count from there
@@ -264,12 +263,6 @@ class FrontEnd:
             raise
         except BaseException:
             pass
-
-    def trains_nothing(self) -> None:
-        """This session trains nothing (a Keras ``fit`` that completed before the restart, its state a later fit's):
-        in an auditor (issue 71), its end does not answer; the program's next session replays the interval from
-        checkpoint S1 again, as a restarted trainer's next fit restores it. Nothing elsewhere."""
-        self._pass_audit_on()
 
     def report_busy(self, busy: Busy) -> None:
         """Tell the watchdog what the trainer is busy with on purpose (before its first step: reading its input)."""

@@ -258,7 +258,6 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         # so that a later fit began there too); a fit that completed before the restart: none of its epochs
         model._initial_epoch = max(int(self.params.get("epochs") or 0), at.epoch) if where.passed else where.epoch
         if where.passed:
-            front.trains_nothing()  # (an auditor: the program's next fit replays its interval, as a restart's resumes)
             held = (f"at epoch {at.epoch + 1}, batch {at.batch + 1}" if (at.epoch, at.batch) != (0, 0)
                     else "at its beginning")
             state = (f"the state restored is fit {where.fits + 1}'s, {held}" if target.mismatch is None else
