@@ -8,7 +8,10 @@ and 400 steps trained again after the rollback: about 14 CPU-s (measured: see th
 six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
 reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one: the
 seeds' ``Supervisor`` loop, 600 steps saved every second (5 ms a step), the bit flipped in the first interval, all
-600 steps trained again: about 10 CPU-s (measured: see the commit).
+600 steps trained again: about 10 CPU-s (measured: see the commit). The Keras one: the
+example ``fit`` (4 epochs of 45 batches, 20 ms a batch, checkpoints at each epoch's end), no hot standby, six
+auditors of 45 batches, 45 batches trained again: about 12 CPU-s; its clean reference is the plain ``fit`` the
+Keras tests share (``test_keras_fit.reference``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import pytest
 
 from conftest import final_weights, finish, launch, lifecycle, quiet_env, run_python, status_json
+from test_keras_fit import EXAMPLE, NO_STANDBY, _bit_identical, _weights, reference  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +168,37 @@ def test_an_audit_rollback_quarantines_every_checkpoint_of_the_wrong_timeline_un
     assert clean.keys() == got.keys()
     for key in clean:
         assert (clean[key] == got[key]).all(), f"{key} differs after the audit's rollback"
+
+
+def test_a_flipped_bit_in_a_keras_fit_is_caught_rolled_back_and_bit_equal(short_tmp, reference) -> None:
+    """Keras ``fit`` under ``procsv.keras.BackupAndRestore`` (the example: a seeded ``tf.data`` shuffle, checkpoints
+    at each epoch's end, 45, 90, 135 and the final 180): an auditor resumes ``fit`` from checkpoint S1 as a restarted
+    trainer does, at its epoch and batch, and compares at S2 with the position written as a snapshot writes it; the
+    first intervals match, so the program is known to replay. The bit flips after step 170, in the last interval
+    (135-180): two replays agree with each other, not with the trainer; the trainer on this host is named and
+    trains again from step 135; the run ends succeeded, its weights bit-equal to a plain ``fit``'s."""
+    logdir, out_path = f"{short_tmp}/run", f"{short_tmp}/w.npz"
+    code, out, err = finish(launch(logdir, "--epochs", "4", "--batch-delay", "0.02", "--weights-out", out_path,
+                                   target=EXAMPLE, opts=("--audit", "every", *NO_STANDBY),
+                                   env=quiet_env(PROCSV_FAULT="trainer:bitflip:170")), timeout=300)
+    assert code == 0, err[-3000:]
+    said = out + err
+    assert "fault injected: bit 20 of sequential/dense/kernel[0] flipped after step 170" in said, said[-3000:]
+    events = lifecycle(logdir)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
+    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (135, 180), audits
+    # the intervals before it replayed as the trainer ran them (the program is known to replay), and 135-180 again
+    assert {("match", 45, 90), ("match", 90, 135), ("match", 135, 180)} <= set(audits), audits
+    host = wrong[0]["host"]
+    assert host and any("_trainable_variables/0/" in d for d in wrong[0]["differ"]), wrong
+    assert "auditor restored step 135; replaying to step 180" in said, said[-3000:]
+    assert "fit resumes at epoch 4, batch 1 (135 batches trained" in said, said[-3000:]  # (an auditor's, a restart's)
+    assert f"the trainer on host {host} computed steps 135-180 wrongly" in err
+    assert "the trainer had finished; it trains again from step 135" in err
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps 135-180 wrongly"], restarting
+    assert [e["step"] for e in events if e["event"] == "restored"] == [135]
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
+    assert _bit_identical(_weights(out_path), reference("tfdata", 4))

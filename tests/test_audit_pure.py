@@ -10,7 +10,7 @@ from test_watchdog_decide import Sim, of
 from procsv.services.checkpoint.policy import retention
 from procsv.status import audit_lines
 from procsv.watchdog.actionlines import restart_reports
-from procsv.watchdog.audit.verdict import (END_WAIT_SECS, SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay,
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay,
                                            Verdict, committed, end_wait, holds, late, next_replay, pending, replayed,
                                            rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.metrics import spike_families
@@ -71,7 +71,7 @@ def test_a_rollback_quarantines_every_checkpoint_its_timeline_committed_after_s1
     assert seen(book, 200, 3) is None and seen(book, 300, 0) is None  # the new timeline's; one not said
     committed(book, 200, "/l/model.ckpt-200", eligible=True, attempt=3)
     assert [(i.start, i.end) for i in book.queue] == [(100, 200)]  # the new timeline's interval, audited
-    assert book.commits == {20: 1, 50: 2, 100: 2, 200: 3, 300: 0}
+    assert book.commits == {200: 3, 300: 0}  # (20, 50 and S1 100 let go: no rollback can go before 100 now)
     rb2 = AuditBook(mode=AuditMode.EVERY)  # a rollback whose timeline committed nothing after S1: nothing to move
     committed(rb2, 100, "/l/model.ckpt-100", eligible=True, attempt=1)
     assert wrong_timeline(rb2, judged, 1, "why") is None and rb2.rollbacks[0].steps == []
@@ -364,3 +364,7 @@ def test_a_month_of_intervals_keeps_the_counts_whole_and_only_the_newest_verdict
         while replayed(book, GOOD) is None:  # (the first interval: replayed twice)
             pass
     assert book.counts == {"match": 5000} and book.audited_steps == 500_000 and len(book.verdicts) <= 64
+    for s in range(5001, 10001):  # the commits the quarantine notes: none before the oldest interval waiting
+        seen(book, 100 * s, 1)
+        committed(book, 100 * s, f"/l/model.ckpt-{100 * s}", eligible=True, attempt=1)
+    assert len(book.commits) <= QUEUE_MAX * MERGE_MAX + 2, sorted(book.commits)[:8]  # what waits spans, no more

@@ -77,7 +77,7 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "2", "--marker",
                                    os.path.join(short_tmp, "procsv.killed"), "--logdir", logdir,
-                                   target=TWO_FITS, opts=("--standby", "fork")), 240)
+                                   target=TWO_FITS, opts=("--standby", "fork", "--audit", "every")), 240)
     assert code == 0, err
     assert "keras_two_fits: gave up" not in err, err  # the kill waited for a commit of its epoch that never came
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
@@ -92,9 +92,17 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
     # save taken with the state of the first boundary after that commit's answer, "epoch 3, batch 2"), or from a
     # later in-memory snapshot the service held and persisted at the death (the tier's timing: seen at load 7 in
     # a fresh-clone run, "epoch 3, batch 3")
-    assert re.search(r"procsv: fit resumes at epoch 3, batch [1-4] ", out), out
+    assert re.search(r"\[trainer\.2\] procsv: fit resumes at epoch 3, batch [1-4] ", out), out
     assert _losses(second, 2) == _losses(plain_lines, 2)[2:]  # its logged loss: the training loss, of each epoch
     assert _same(_npz(out_path), plain_weights)  # each epoch of each fit trained once: the uninterrupted weights
+    # --audit every (issue 71), in the same launch: an auditor runs the program as a restarted trainer does, its
+    # fit 1 (completed before S1) trains nothing and does not answer, its fit 2 replays the interval from S1. The
+    # last interval (S1 in fit 2, past step 24; S2 56, the final commit: the run's end waits for its verdict)
+    # matches, and no interval differs (before: every interval of fit 2 went unaudited, "the program ended at step
+    # 48, before step 56")
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
+    assert any(verdict == "match" and start > 24 and end == 56 for verdict, start, end in audits), (audits, err[-3000:])
+    assert all(verdict == "match" for verdict, _, _ in audits), (audits, err[-3000:])
 
 
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
@@ -110,13 +118,22 @@ def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_fi
     assert plain.returncode == 0, plain.stderr
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "3", "--marker",
-                                   os.path.join(short_tmp, "killed"), "--logdir", logdir, target=FINETUNE), 240)
+                                   os.path.join(short_tmp, "killed"), "--logdir", logdir, target=FINETUNE,
+                                   opts=("--audit", "every")), 240)
     assert code == 0, (out, err)
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
     second = _fit_lines(out, "[trainer.2]")
     assert second == ["fit 1 epochs [0, 1, 2]", "fit 2 epochs [3, 4, 5]"], (out, err)  # epoch 3 again: its end
     # was not yet committed (it is taken at the next batch boundary)
-    assert "procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
+    assert "[trainer.2] procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
     # inside its fourth epoch, from its beginning's checkpoint or a later in-memory snapshot persisted at the death
-    assert re.search(r"procsv: fit resumes at epoch 4, batch [1-4] ", out), out
+    assert re.search(r"\[trainer\.2\] procsv: fit resumes at epoch 4, batch [1-4] ", out), out
     assert _same(_npz(out_path), _npz(os.path.join(short_tmp, "plain.npz")))  # the uninterrupted weights
+    # --audit every (issue 71), in the same launch: an auditor of fit 2 restores what a restart restores, fit 1
+    # only its position (fit 2's checkpoint is of the unfrozen model and its new optimizer) and fit 2 the whole
+    # state; the last interval (S1 in fit 2, past step 12; S2 28, the final commit: the run's end waits for its
+    # verdict) matches and no interval differs (before: the auditor restored the whole checkpoint into fit 1's
+    # model, "MismatchedCheckpoint", no replay)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
+    assert any(verdict == "match" and start > 12 and end == 28 for verdict, start, end in audits), (audits, err[-3000:])
+    assert all(verdict == "match" for verdict, _, _ in audits), (audits, err[-3000:])

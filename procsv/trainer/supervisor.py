@@ -436,9 +436,19 @@ class Supervisor(SupervisorNames):
         graph = self._graph
         if graph is not None:
             self._session = graph.open_session(master, config, self.should_stop)
-        replay.begin()
+        target = None  # what a restart would restore (a front-end's choice: a Keras fit's restore target)
+        if self._keeper is not None:
+            target, self._keeper.restore_target = self._keeper.restore_target, None
+        replay.begin(target)
         if self._keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
-            self._keeper.agent.replaying_from(replay.start)
+            agent = self._keeper.agent
+            agent.replaying_from(replay.start, replay.restored)  # (restored_from: Keras fit resumes at its position)
+
+            def prepare() -> None:  # what a snapshot writes first: the step, a Keras fit's position
+                for before_snapshot in agent.hooks.prepare:
+                    before_snapshot()
+
+            replay.prepare = prepare
         if graph is not None:
             graph.replaying(self._surface.start_queue_runners, start)
         else:
@@ -490,8 +500,8 @@ class Supervisor(SupervisorNames):
         """The second half of stop(): final checkpoint, summaries, release (no join)."""
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
-        if self._audit is not None:  # an auditor's program ended (at S2, its last step: compare; before it: said)
-            self._audit.end(self._state.step)
+        if self._audit is not None:  # an auditor's session ended: at S2, its program's last step, compare; before
+            self._audit.stopped(self._state.step)  # it, said; where it began (trained nothing), the next answers
         self._stopped = self._started
         channels = self._channels
         if channels is None:

@@ -15,6 +15,14 @@ back; a TF1 graph program's (the graph ``Supervisor``'s, ``MonitoredTrainingSess
 :class:`~procsv.trainer.checkpoint.name_based.NameBasedCheckpoint`) is restored and read in the replay's own
 graph session, keyed as the graph's Saver writes it (``w``, ``w/Momentum``, ``global_step``), with one read at
 S2. A program with no state to save answers with an error (:data:`UNSUPPORTED`).
+
+The replay is a restart's: S1 counts as the checkpoint restored (the agent's ``restored_from``), so Keras ``fit``
+(:mod:`procsv.trainer.keras.fit`) resumes at S1's epoch and batch with the earlier epochs' input put back, and at
+S2 what a snapshot writes first runs (:attr:`AuditReplay.prepare`: the step, ``fit``'s position) before the state
+is read. A session that trains nothing (a Keras ``fit`` that completed before S1) leaves the answer to the
+program's next session (:meth:`AuditReplay.stopped`), which replays from S1 again, as a restart's next fit does; a
+restore target a front-end chose (a Keras fit's: only its position when S1 is a later fit's of another model) is
+restored in place of the checkpoint object, as at a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import os
 import socket
 import sys
 import tempfile
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import zmq
 
@@ -97,11 +105,17 @@ class AuditReplay:
         self.ctx, self.start, self.end_step = ctx, interval[0], interval[1]
         self.checkpoint, self.global_step = checkpoint, global_step
         self.theirs: dict[str, str] = {}
+        self.restored = ""  # checkpoint S1's prefix, once restored
         self.counter: Any = None
+        # what the trainer's snapshot runs first (the step into its variable, a Keras fit's position): set by the
+        # Supervisor, run before the state at S2 is read, so that it holds what the trainer's checkpoint S2 holds
+        self.prepare: Callable[[], None] = lambda: None
 
-    def begin(self) -> None:
+    def begin(self, target: Any = None) -> None:
         """Restore exactly checkpoint S1 and digest checkpoint S2, under the restore lock; a failure answers
-        with its error and ends the process. (A graph program's session is open: its restore runs in it.)"""
+        with its error and ends the process. (A graph program's session is open: its restore runs in it.)
+        ``target``: what is restored instead of the checkpoint object, as at a restart (a front-end's choice: a
+        Keras fit's whole state, or only its position when S1 is a later fit's of another model)."""
         if self.checkpoint is None:
             self._answer([], "", f"a program with no state to save: {UNSUPPORTED}")
         layout = self.ctx.layout
@@ -111,7 +125,8 @@ class AuditReplay:
                 if first is None or last is None:  # (retention keeps both: the watchdog's AuditHold)
                     gone = self.start if first is None else self.end_step
                     self._answer([], "", f"checkpoint {gone} was retired before the auditor read it")
-                verify_and_restore(self.checkpoint, self.global_step, layout, first)
+                verify_and_restore(self.checkpoint if target is None else target, self.global_step, layout, first)
+                self.restored = first.path(layout.logdir)
                 self.theirs = read_digests(last.path(layout.logdir))
             except (ProcsvError, OSError) as exc:
                 self._answer([], "", f"{type(exc).__name__}: {exc}")
@@ -130,12 +145,21 @@ class AuditReplay:
         if step >= self.end_step:
             self.end(step)
 
+    def stopped(self, step: int) -> None:
+        """The session ended at ``step``: :meth:`end`, unless it trained nothing (``step`` is S1's, not S2's): a
+        session that trains nothing (a Keras ``fit`` that completed before S1, or resumed past its last epoch)
+        leaves the answer to the program's next session, which restores S1 again and replays, as a restarted
+        trainer's next fit does. A program that opens none ends without an answer (the watchdog's: no replay)."""
+        if step != self.start:
+            self.end(step)
+
     def end(self, step: int) -> None:
         """Compare this process's state at ``step`` with checkpoint S2, answer, and exit 0."""
         if step != self.end_step:
             self._answer([], "", f"the program ended at step {step}, before step {self.end_step}")
         if self.counter is not None:
             self.counter.sync()
+        self.prepare()  # (as a snapshot: Keras fit's position written into its variables)
         with tempfile.TemporaryDirectory(dir=self.ctx.endpoints.runtime_dir, prefix="audit.") as tmp:
             mine = state_digests(self.checkpoint, tmp)  # this process's own state, as its checkpoint holds it
         self._answer(differing(mine, self.theirs), whole(mine), "")

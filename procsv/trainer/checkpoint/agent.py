@@ -296,10 +296,12 @@ class CheckpointAgent:
             self.store.arena_for(arena_bytes_needed(self.checkpoint), background=True)
         return done.corrupt
 
-    def replaying_from(self, step: int) -> None:
-        """An auditor restored committed checkpoint ``step`` itself (issue 71: no :meth:`restore_or_init`): the
-        newest committed step is that one (a save of it asked at the session's start is done)."""
+    def replaying_from(self, step: int, path: str) -> None:
+        """An auditor restored committed checkpoint ``step`` (prefix ``path``) itself (issue 71: no
+        :meth:`restore_or_init`): the newest committed step is that one (a save of it asked at the session's start
+        is done), and the program resumes from it as a restarted trainer does (Keras ``fit``: at its position)."""
         self.view.restored(step)
+        self.restored_from, self.restored_source = path, RestoreSource.DISK
 
     def restored_memory(self, step: int, newest_committed: int, peer: bool = False,
                         passed: Optional[Mapping[int, int]] = None) -> None:

@@ -266,7 +266,10 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing ({state}); "
                   f"its History lists its epochs {at.first + 1}-{self.params.get('epochs')}, without their logs",
                   flush=True)
-        for reason in input_position.inexact_reasons(inp):
+        random = restore_target.unrestored_random(model)
+        random_reason = ([f"layer(s) {', '.join(random[:3])} draw random numbers (a Keras SeedGenerator: Dropout, "
+                          "...) whose state no checkpoint holds: a resumed fit draws other numbers"] if random else [])
+        for reason in input_position.inexact_reasons(inp) + random_reason:
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if where.resumes:
             epoch, batch = at.epoch, at.batch

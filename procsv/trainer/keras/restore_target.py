@@ -13,11 +13,23 @@ place of the checkpoint object; the restore sets the global step from the checkp
   position (which fit, which epoch), and the mismatch is kept for the fit to judge: a fit that completed
   before the restart (:mod:`procsv.trainer.keras.resume`) trains nothing and goes on; any other fit
   raises :class:`~procsv.common.errors.MismatchedCheckpoint`, as before.
+
+And what no restore restores: :func:`unrestored_random`, the layers whose random numbers' state is not in the
+checkpoint (said at ``fit`` start: a resume is not exact).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+
+def unrestored_random(model: Any) -> list[str]:
+    """The names of ``model``'s layers that draw random numbers from a Keras ``SeedGenerator`` (``Dropout``,
+    ``GaussianNoise``, ...), whose state the fit's checkpoint does not hold (Keras 3 tracks it apart from the
+    layer's weights): a resumed fit, or an auditor's replay, draws other numbers than the uninterrupted run."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = flatten(include_self=True, recursive=True) if callable(flatten) else [model]
+    return [layer.name for layer in layers if getattr(layer, "_seed_generators", None)]
 
 
 class Nothing:
@@ -56,4 +68,4 @@ class WholeOrPosition:
         return status
 
 
-__all__ = ["Nothing", "WholeOrPosition"]
+__all__ = ["Nothing", "WholeOrPosition", "unrestored_random"]

@@ -145,6 +145,12 @@ class AuditBook:
     commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
     rollbacks: list[AuditQuarantine] = field(default_factory=list)  # each rollback's quarantine (its steps: at the time)
 
+    def oldest_start(self) -> Optional[int]:
+        """The oldest step a rollback could still go to: the start of an interval waiting, being replayed or
+        undecided, else the newest commit's (where the next interval starts); None: no commit yet."""
+        starts = [i.start for i in (*self.queue, self.current, self.candidate) if i is not None]
+        return min(starts + ([self.last[0]] if self.last is not None else [])) if starts or self.last else None
+
     @property
     def fraction(self) -> float:
         """The fraction of the committed steps audited (0 before any interval)."""
@@ -354,7 +360,12 @@ def seen(book: AuditBook, step: int, attempt: int) -> Optional[AuditQuarantine]:
     for done in book.rollbacks:
         if step > done.after and 0 < attempt <= done.attempt:
             return AuditQuarantine(done.after, done.attempt, [step], done.reason)
+    if book.off:
+        return None  # (no rollback will come: nothing to note)
     book.commits[step] = attempt
+    floor = book.oldest_start()
+    for s in [s for s in book.commits if floor is not None and s <= floor]:
+        del book.commits[s]  # (no rollback can go before it: a month of commits is not kept)
     return None
 
 
