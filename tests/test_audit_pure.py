@@ -155,6 +155,12 @@ def test_an_interval_begun_by_a_restart_is_not_merged_into_the_one_before() -> N
     committed(book, 300, "/l/model.ckpt-300", eligible=True, attempt=2)
     committed(book, 400, "/l/model.ckpt-400", eligible=True, attempt=2)
     assert [(i.start, i.end, i.resumed) for i in book.queue] == [(0, 100, True), (100, 300, True), (300, 400, False)]
+    # a program's next fit (or a retry loop's next session) begins at the final commit of the one before: an
+    # auditor's session ends there (test_keras_extra's fine-tuning run: 8-12 and 12-16 merged, "ended at step 12")
+    fits = _book(steps=(0,))
+    for s, final in ((4, False), (8, False), (12, True), (16, False), (20, False)):
+        committed(fits, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, final=final)
+    assert [(i.start, i.end, i.session_start) for i in fits.queue] == [(0, 12, False), (12, 16, True), (16, 20, False)]
 
 
 def test_retention_keeps_the_steps_an_audit_holds_past_max_to_keep_and_deletes_them_once_let_go() -> None:

@@ -21,6 +21,7 @@ One concern: a Supervisor's session, from its arguments (TensorFlow's, each docu
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -55,6 +56,15 @@ from procsv.trainer.tf1_objects import SaverShim, SummaryWriterShim
 from procsv.trainer.settings import Settings
 from procsv.trainer.tf1_surface import warn_ignored_prepare_args
 
+
+
+class Phase(enum.Enum):
+    """A Supervisor's sessions: none prepared yet, one live, or stopped (the next prepare starts afresh, as TF's
+    SessionManager does in a retry loop)."""
+
+    NEW = "new"
+    LIVE = "live"
+    STOPPED = "stopped"
 
 class Supervisor(SupervisorNames):
     """Checkpoints, summaries, restore-on-restart and stop coordination for a TF2 training loop.
@@ -179,7 +189,7 @@ class Supervisor(SupervisorNames):
             chief=is_chief, config=config, nonfinite=(on_nonfinite, nonfinite_tags, nonfinite_ignore),
             spike=(on_spike, spike_thresholds),
             session_thread=self._session_thread,
-            connected=lambda: self._channels is not None, started=lambda: self._started)
+            connected=lambda: self._channels is not None, started=lambda: self._phase != Phase.NEW)
         self._keeper, self._summaries, self._rollback = parts.keeper, parts.summaries, parts.rollback
         self._boundary, self._graph, self._surface = parts.boundary, parts.graph, parts.surface
         if self._graph is not None:  # (the graph's session takes it too when the program closes it first)
@@ -192,9 +202,8 @@ class Supervisor(SupervisorNames):
         self._kept_events: Optional[str] = None  # the event file a writer kept open leaves for the next session
         self._stopped_by_signal = False
         self._signals = StopSignals()
-        self._started = False
+        self._phase = Phase.NEW  # its sessions' lifecycle: a session after STOPPED starts afresh
         self._outcome: Optional[outcome.Slot] = None  # registered when its first session starts
-        self._stopped = False  # stop() ran: a further prepare_or_wait_for_session() starts afresh
         self._warm_ups = WarmUps()  # warm_up(): traced at prepare
         self._audit: Optional[AuditReplay] = None  # an auditor's replay (issue 71), once its session is prepared
 
@@ -351,7 +360,7 @@ class Supervisor(SupervisorNames):
         """Restore the newest committed checkpoint (or initialize) and return the session (graph mode: a
         :class:`procsv.trainer.graph.session.GraphSession`). Called again after :meth:`stop`, it starts afresh:
         the stop is cleared and the state restored from the newest checkpoint, as TF's SessionManager did."""
-        if self._started and not self._stopped:
+        if self._phase == Phase.LIVE:
             assert self._session is not None
             return self._session
         warn_ignored_prepare_args(master, config, graph_mode=self._tf1.graph is not None)
@@ -360,14 +369,14 @@ class Supervisor(SupervisorNames):
         if wait_for_checkpoint:  # wait for the chief's first checkpoint (filesystem events; DeadlineExceededError)
             replica.wait_for_committed(self.layout, max_wait_secs, self.recovery_wait_secs, self._clock)
         # a session again in this process (TF's retry loop): its in-memory snapshot is not asked for (disk's newest)
-        reused = self._stopped or (not self._started and outcome.any_registered())
-        if self._stopped:
+        reused = self._phase == Phase.STOPPED or (self._phase == Phase.NEW and outcome.any_registered())
+        if self._phase == Phase.STOPPED:
             self._reset_for_reuse()
             if self._outcome is not None:
                 self._outcome.hold(self.outcome)
-        if not self._started and not self._stopped:
+        if self._phase == Phase.NEW:
             self._outcome = outcome.register(self.outcome)  # once, even when reused after a stop
-        self._started = True
+        self._phase = Phase.LIVE
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
         # a group's step runs collectives: only traced, but on shadows in a standby group (see warmup)
@@ -436,19 +445,13 @@ class Supervisor(SupervisorNames):
         graph = self._graph
         if graph is not None:
             self._session = graph.open_session(master, config, self.should_stop)
-        target = None  # what a restart would restore (a front-end's choice: a Keras fit's restore target)
-        if self._keeper is not None:
-            target, self._keeper.restore_target = self._keeper.restore_target, None
-        replay.begin(target)
-        if self._keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
-            agent = self._keeper.agent
-            agent.replaying_from(replay.start, replay.restored)  # (restored_from: Keras fit resumes at its position)
-
-            def prepare() -> None:  # what a snapshot writes first: the step, a Keras fit's position
-                for before_snapshot in agent.hooks.prepare:
-                    before_snapshot()
-
-            replay.prepare = prepare
+        keeper = self._keeper
+        # what a restart would restore (a front-end's choice: a Keras fit's restore target), and what a snapshot
+        # writes first (the step, a Keras fit's position), run before the state at S2 is read
+        replay.begin(keeper.take_restore_target() if keeper is not None else None,
+                     keeper.prepare_snapshot if keeper is not None else None)
+        if keeper is not None:  # S1 is committed: a save of it at the session's start (a hook's) is done
+            keeper.agent.replaying_from(replay.start, replay.restored)  # (restored_from: Keras fit resumes at its position)
         if graph is not None:
             graph.replaying(self._surface.start_queue_runners, start)
         else:
@@ -502,7 +505,8 @@ class Supervisor(SupervisorNames):
         self.coord.request_stop()
         if self._audit is not None:  # an auditor's session ended: at S2, its program's last step, compare; before
             self._audit.stopped(self._state.step)  # it, said; where it began (trained nothing), the next answers
-        self._stopped = self._started
+        if self._phase == Phase.LIVE:
+            self._phase = Phase.STOPPED
         channels = self._channels
         if channels is None:
             self._release(deadline)
@@ -536,7 +540,6 @@ class Supervisor(SupervisorNames):
         self.coord.clear_stop()
         if signalled is not None:  # SIGTERM/SIGINT still holds: the new block stops at once (cleanly)
             self.coord.request_stop_from_signal(signalled)
-        self._stopped = False
         self._boundary.reset()
         self._summaries.reset()
         if self._keeper is not None:

@@ -111,11 +111,14 @@ class AuditReplay:
         # Supervisor, run before the state at S2 is read, so that it holds what the trainer's checkpoint S2 holds
         self.prepare: Callable[[], None] = lambda: None
 
-    def begin(self, target: Any = None) -> None:
+    def begin(self, target: Any = None, prepare: Optional[Callable[[], None]] = None) -> None:
         """Restore exactly checkpoint S1 and digest checkpoint S2, under the restore lock; a failure answers
         with its error and ends the process. (A graph program's session is open: its restore runs in it.)
         ``target``: what is restored instead of the checkpoint object, as at a restart (a front-end's choice: a
-        Keras fit's whole state, or only its position when S1 is a later fit's of another model)."""
+        Keras fit's whole state, or only its position when S1 is a later fit's of another model). ``prepare``:
+        what the trainer's snapshot runs first (:attr:`prepare`)."""
+        if prepare is not None:
+            self.prepare = prepare
         if self.checkpoint is None:
             self._answer([], "", f"a program with no state to save: {UNSUPPORTED}")
         layout = self.ctx.layout

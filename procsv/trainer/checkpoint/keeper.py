@@ -90,6 +90,17 @@ class CheckpointKeeper:
                   "managed_session() (model.build(...) or one call on a batch, optimizer.build(model.trainable_variables)) "
                   "to resume it whole", file=sys.stderr, flush=True)
 
+    def take_restore_target(self) -> Optional[Any]:
+        """What the next restore restores into (:attr:`restore_target`), used once: an auditor's replay takes it."""
+        target, self.restore_target = self.restore_target, None
+        return target
+
+    def prepare_snapshot(self) -> None:
+        """What a snapshot writes first (the step into its variable, a Keras fit's position), run now: an
+        auditor's state at S2 then holds what the trainer's checkpoint S2 holds."""
+        for before_snapshot in self.agent.hooks.prepare:
+            before_snapshot()
+
     @property
     def restored_from(self) -> Optional[str]:
         """The checkpoint prefix this session restored, or None if it initialized."""

@@ -27,9 +27,14 @@ def unrestored_random(model: Any) -> list[str]:
     """The names of ``model``'s layers that draw random numbers from a Keras ``SeedGenerator`` (``Dropout``,
     ``GaussianNoise``, ...), whose state the fit's checkpoint does not hold (Keras 3 tracks it apart from the
     layer's weights): a resumed fit, or an auditor's replay, draws other numbers than the uninterrupted run."""
-    flatten = getattr(model, "_flatten_layers", None)
-    layers = flatten(include_self=True, recursive=True) if callable(flatten) else [model]
-    return [layer.name for layer in layers if getattr(layer, "_seed_generators", None)]
+    import keras
+    import tensorflow as tf
+
+    layers = [o for o in tf.train.TrackableView(model).descendants() if isinstance(o, keras.layers.Layer)]
+    if isinstance(model, keras.layers.Layer):
+        layers.insert(0, model)
+    return sorted({layer.name for layer in layers  # (a layer nested in another's attributes too)
+                   if any(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values())})
 
 
 class Nothing:

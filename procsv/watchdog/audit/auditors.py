@@ -84,7 +84,8 @@ class Auditors:
             # the step its attempt began at (its TrainerReady's): an interval from there replays a fresh start
             began = trainer.restored_step if trainer is not None and trainer.attempt == msg.attempt \
                 and trainer.ready_at is not None else None
-            committed(self.book, msg.step, msg.path, eligible, msg.attempt, began)
+            committed(self.book, msg.step, msg.path, eligible, msg.attempt, began,
+                      final=getattr(msg.reason, "value", msg.reason) == "final")
             self._publish()
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
             self.answered = True

@@ -86,7 +86,8 @@ class Interval:
     resumed: bool = False  # the trainer that committed ``end`` began at ``start`` (a restore, a restart, or a launch's
     # first checkpoint taken as its session started: a graph program's, a MonitoredTrainingSession's): its own start
     # is a fresh process's, as the replay's is
-
+    session_start: bool = False  # ``start`` was a session's final commit (a program's next fit, a retry loop's
+    # next session begins there): an auditor's session cannot run on across it, so it is never merged into one before
 
     @property
     def steps(self) -> int:
@@ -140,6 +141,7 @@ class AuditBook:
     counts: dict[str, int] = field(default_factory=dict)  # every verdict of the launch, by kind
     anchor: Optional[int] = None  # where a rollback goes: the newest audited step (a trainer verdict's start)
     last_attempt: Optional[int] = None  # the trainer attempt of :attr:`last` (None: unknown, or a rollback's)
+    last_final: bool = False  # :attr:`last` was a session's final commit
     exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
     candidate: Optional[Interval] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided
     commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
@@ -157,7 +159,7 @@ class AuditBook:
         return self.audited_steps / self.covered_steps if self.covered_steps else 0.0
 
     def commit(self, step: int, path: Optional[str], eligible: bool, attempt: int = 0,
-               began: Optional[int] = None) -> None:
+               began: Optional[int] = None, final: bool = False) -> None:
         """A commit of ``step`` at ``path`` (not an ``again``) by trainer ``attempt`` (0: unknown), which began at step
         ``began`` (its restore's or its initialization's; None: unknown). ``eligible``: the interval it closes was
         trained by one trainer on its own, exactly (no rollback in force, no skipped step in it, not a group): else
@@ -167,11 +169,12 @@ class AuditBook:
         if path is None:
             return
         last, self.last = self.last, (step, path)
+        after_final, self.last_final = self.last_final, final  # (``final``: a session's last commit)
         before, self.last_attempt = self.last_attempt, attempt or None
         if self.mode == AuditMode.OFF or self.off or last is None or step <= last[0] or not eligible:
             return
         fresh = before is None or before != attempt or (began is not None and last[0] <= began)
-        interval = Interval(last[0], step, last[1], path, resumed=fresh)
+        interval = Interval(last[0], step, last[1], path, resumed=fresh, session_start=after_final)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
         if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
@@ -181,7 +184,7 @@ class AuditBook:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
         waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
         checkpoint, which the audit holds: its steps trained again are audited too)."""
-        self.queue, self.last = [], (judged.interval.start, judged.interval.start_path)
+        self.queue, self.last, self.last_final = [], (judged.interval.start, judged.interval.start_path), False
         self.last_attempt, self.candidate = None, None  # (the restarted trainer begins there: its next interval is resumed)
 
     def next_replay(self, auditor_running: bool) -> Optional[Interval]:
@@ -283,15 +286,15 @@ class AuditBook:
 def waiting(queue: list[Interval], mode: AuditMode) -> list[Interval]:
     """The intervals that wait for an auditor, at most :data:`QUEUE_MAX`. An auditor slower than the trainer (a
     loaded machine: its duty cycle; intervals shorter than its start-up) falls behind; under ``--audit every``
-    two consecutive intervals waiting are then replayed as one (the first pair that can: the second not
-    :attr:`Interval.resumed`, the whole at most :data:`MERGE_MAX` times the newest), so that no step goes
+    two consecutive intervals waiting are then replayed as one (the first pair that can: the second neither
+    :attr:`Interval.resumed` nor :attr:`Interval.session_start`, the whole at most :data:`MERGE_MAX` times the newest), so that no step goes
     unaudited: a dropped interval is a hole a fault in it passes through for good (every later interval starts
     from the state it left). Otherwise (sampled, nothing can merge) the oldest is dropped."""
     if len(queue) <= QUEUE_MAX:
         return queue
     if mode == AuditMode.EVERY:
         for i, (a, b) in enumerate(zip(queue, queue[1:])):
-            if a.end == b.start and not b.resumed and b.end - a.start <= MERGE_MAX * queue[-1].steps:
+            if a.end == b.start and not (b.resumed or b.session_start) and b.end - a.start <= MERGE_MAX * queue[-1].steps:
                 merged = Interval(a.start, b.end, a.start_path, b.end_path, resumed=a.resumed)
                 return waiting([*queue[:i], merged, *queue[i + 2:]], mode)
     return queue[-QUEUE_MAX:]
@@ -329,9 +332,9 @@ def end_wait(book: AuditBook, ended_at: float, now: float) -> bool:
 
 
 def committed(book: AuditBook, step: int, path: Optional[str], eligible: bool, attempt: int = 0,
-              began: Optional[int] = None) -> None:
+              began: Optional[int] = None, final: bool = False) -> None:
     """:meth:`AuditBook.commit`."""
-    return book.commit(step, path, eligible, attempt, began)
+    return book.commit(step, path, eligible, attempt, began, final)
 
 
 def rolled_back(book: AuditBook, judged: Judged) -> None:

@@ -119,10 +119,9 @@ class NodeAgent(Prewarmed):
         self.host = host_ip(cfg.master_addr)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
         self.stop_code: Optional[int] = None
-        self.job: Optional[str] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
         self.key_file: Optional[str] = None  # where its public key is filed for the current launch
-        self.job_keys: Optional[curve.Job] = None  # the launch its socket is connected to (a redial's)
+        self.job_keys: Optional[curve.Job] = None  # the launch its socket is connected to (a redial's): its job, keys
         # the members node 0 asked for in this launch ("slot.attempt"; each starts once), and whether a
         # SignalMember reached it alive (its MemberEnded says so)
         self.asked: dict[str, bool] = {}
@@ -305,6 +304,11 @@ class NodeAgent(Prewarmed):
             time.sleep(0.1)
         return True
 
+    @property
+    def job(self) -> Optional[str]:
+        """The launch this agent's socket is connected to (its job id; None before the first)."""
+        return self.job_keys.job if self.job_keys is not None else None
+
     # ------------------------------------------------------------------ the master's channel
     def _read_job(self) -> "_Rejoin":
         """In the logdir thread: the launch's job file and, for a new launch, this agent's key filed for it."""
@@ -332,7 +336,7 @@ class NodeAgent(Prewarmed):
         if got.key_file is not None:  # a new launch of the master: this agent's key is filed for it
             stale = self.key_file
             self.disk.submit(lambda: curve.unfile_agent_key(stale))
-            self.key_file, self.job = got.key_file, got.job.job
+            self.key_file = got.key_file
             self.asked.clear()  # (a new launch counts its attempts anew)
             self.seen.new_master()
         self.job_keys = got.job
