@@ -81,7 +81,7 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
                                    env=quiet_env(PROCSV_FAULT="trainer:bitflip:500")), timeout=300)
     assert code == 0, err[-3000:]
     said = out + err
-    assert "fault injected: bit 20 of w:0[0] flipped after step 500" in said, said[-3000:]  # (the premise)
+    assert "fault injected: bit 20 of b:0[0] flipped after step 500" in said, said[-3000:]  # (the premise)
     events = lifecycle(logdir)
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
@@ -89,7 +89,7 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
     assert [a for a in audits if a[0] in ("mismatch", "trainer")][:2] == [("mismatch", 400, 600), ("trainer", 400, 600)]
     assert {("match", 0, 200), ("match", 200, 400), ("match", 400, 600)} <= set(audits), audits  # 400-600 again
     host = wrong[0]["host"]
-    assert host and "w" in wrong[0]["differ"], wrong
+    assert host and "b" in wrong[0]["differ"], wrong  # (the variable flipped: the last, b)
     assert "auditor restored step 400; replaying to step 600" in said, said[-3000:]
     assert f"the trainer on host {host} computed steps 400-600 wrongly" in err
     assert "the trainer had finished; it trains again from step 400" in err
@@ -125,7 +125,7 @@ def test_an_audit_rollback_quarantines_every_checkpoint_of_the_wrong_timeline_un
                             timeout=300)
     assert code == 0, err[-3000:]
     said = out + err
-    assert "fault injected: bit 20 of w:0[0] flipped after step 100" in said, said[-3000:]  # (the premise)
+    assert "fault injected: bit 20 of b:0[0] flipped after step 100" in said, said[-3000:]  # (the premise)
     events = lifecycle(logdir)
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
@@ -183,7 +183,7 @@ def test_a_flipped_bit_in_a_keras_fit_is_caught_rolled_back_and_bit_equal(short_
                                    env=quiet_env(PROCSV_FAULT="trainer:bitflip:170")), timeout=300)
     assert code == 0, err[-3000:]
     said = out + err
-    assert "fault injected: bit 20 of sequential/dense/kernel[0] flipped after step 170" in said, said[-3000:]
+    assert "fault injected: bit 20 of sequential/dense_1/bias[5] flipped after step 170" in said, said[-3000:]
     events = lifecycle(logdir)
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]

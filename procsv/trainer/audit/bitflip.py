@@ -24,34 +24,42 @@ BIT = 20  # a float32 mantissa bit: the value changes (by about 1e-1 of itself a
 
 
 def victim(checkpoint: Any) -> Any:
-    """The first trainable float32 variable of the state (by TF's traversal order; a ``tf.Variable`` or a Keras 3
-    variable): a weight, not a step, a counter or a learning rate. A graph program's: of its checkpoint's
-    variables, in their order (the Saver's)."""
+    """The last trainable float32 variable of the state (by TF's traversal order; a ``tf.Variable`` or a Keras 3
+    variable): a weight, not a step, a counter or a learning rate; the last, usually the output layer's, which
+    every step's loss depends on (the first, a first layer's kernel, may hold weights no input ever reaches:
+    the digits' corner pixels are always 0, and a flip there never spreads). A graph program's: of its
+    checkpoint's variables, in their order (the Saver's)."""
     import tensorflow as tf
 
     found = getattr(checkpoint, "var_list", {}).values() if isinstance(checkpoint, NameBasedCheckpoint) \
         else tf.train.TrackableView(checkpoint).descendants()
+    last = None
     for obj in found:
         if (getattr(obj, "trainable", False) and hasattr(obj, "assign") and "float32" in str(getattr(obj, "dtype", ""))
                 and int(np.prod(obj.shape)) > 0):
-            return obj
-    return None
+            last = obj
+    return last
+
+
+def element(size: int) -> int:
+    """The element a flip hits in a variable of ``size`` elements: the middle one (in C order)."""
+    return size // 2
 
 
 def flipped(value: Any, bit: int = BIT) -> np.ndarray:
-    """``value`` with ``bit`` of its first element flipped (a copy)."""
+    """``value`` with ``bit`` of its :func:`element` flipped (a copy)."""
     out = np.array(value, copy=True)
-    out.reshape(-1).view(np.uint32)[0] ^= np.uint32(1 << bit)
+    out.reshape(-1).view(np.uint32)[element(out.size)] ^= np.uint32(1 << bit)
     return out
 
 
 def flip(variable: Any, bit: int = BIT) -> None:
-    """Flip ``bit`` of the first element of ``variable`` (in place)."""
+    """Flip ``bit`` of the :func:`element` of ``variable`` (in place)."""
     variable.assign(flipped(variable.numpy(), bit))
 
 
 def flip_in_graph(variable: Any, session: Any, bit: int = BIT) -> None:
-    """Flip ``bit`` of the first element of the graph variable ``variable``, through ``session`` (a raw
+    """Flip ``bit`` of the :func:`element` of the graph variable ``variable``, through ``session`` (a raw
     ``tf.compat.v1.Session``): its initializer run with the flipped value fed (``Variable.load``'s way)."""
     init = variable.initializer
     session.run(init, {init.inputs[1]: flipped(session.run(variable), bit)})
@@ -77,7 +85,8 @@ def arm(session: Any, checkpoint: Any, step: Callable[[], int]) -> None:
                     flip_in_graph(target, session.raw)
                 else:
                     flip(target)
-                print(f"procsv: fault injected: bit {BIT} of {getattr(target, 'path', target.name)}[0] flipped after "
+                print(f"procsv: fault injected: bit {BIT} of {getattr(target, 'path', target.name)}"
+                      f"[{element(int(np.prod(target.shape)))}] flipped after "
                       f"step {step()}", file=sys.stderr, flush=True)
         return out
 
