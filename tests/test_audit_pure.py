@@ -148,6 +148,21 @@ def test_an_auditor_that_falls_behind_under_every_replays_two_waiting_intervals_
     assert len(sampled_.queue) == 3 and all(i.steps == 100 for i in sampled_.queue)  # sampled: never merged
 
 
+def test_a_short_last_interval_does_not_drop_the_oldest_waiting_one_under_every() -> None:
+    """Measured (seeds_tf1.loop, 1500 steps, save_model_secs 1, a bit flipped after step 700): the final save at 1500,
+    10 steps after the periodic one at 1490, made the newest interval 10 steps long; a merge bounded by 8 times *that*
+    could not happen, so the oldest waiting interval (556-1109, holding the fault) was dropped and the run ended with
+    the flipped bit unaudited, no line said. The bound is 8 times the longest commit interval waiting."""
+    book = _book(steps=(0,))
+    for s in (100, 200, 300, 400, 500, 600, 610):  # the auditor busy throughout; 610: the final save
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert [(i.start, i.end) for i in book.queue] == [(0, 500), (500, 600), (600, 610)]  # no step left out
+    assert all(a.end == b.start for a, b in zip(book.queue, book.queue[1:]))
+    for s in range(700, 1500, 100):  # still bounded: never more than 8 of the commit intervals it is made of
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert book.queue[0].steps <= 8 * 100 and book.queue[-1].end == 1400, book.queue
+
+
 def test_an_interval_begun_by_a_restart_is_not_merged_into_the_one_before() -> None:
     book = _book(steps=(0,))
     committed(book, 100, "/l/model.ckpt-100", eligible=True, attempt=1)

@@ -53,7 +53,7 @@ SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the la
 UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
 QUEUE_MAX = 3  # intervals waiting for an auditor; past it, two are merged (--audit every) or the oldest dropped
 RECENT = 64  # the verdicts kept (their counts are kept whole)
-MERGE_MAX = 8  # a merged interval is at most this many times as long as the newest (past it: the oldest dropped)
+MERGE_MAX = 8  # a merged interval is at most this many times the longest commit interval waiting (past it: the oldest dropped)
 
 
 class AuditMode(str, enum.Enum):
@@ -88,6 +88,12 @@ class Interval:
     # is a fresh process's, as the replay's is
     session_start: bool = False  # ``start`` was a session's final commit (a program's next fit, a retry loop's
     # next session begins there): an auditor's session cannot run on across it, so it is never merged into one before
+    part: int = 0  # a merged interval's longest commit interval (0: not merged, its own ``steps``)
+
+    @property
+    def longest(self) -> int:
+        """The longest of the commit intervals (two consecutive commits) this interval is made of."""
+        return self.part or self.steps
 
     @property
     def steps(self) -> int:
@@ -287,15 +293,19 @@ def waiting(queue: list[Interval], mode: AuditMode) -> list[Interval]:
     """The intervals that wait for an auditor, at most :data:`QUEUE_MAX`. An auditor slower than the trainer (a
     loaded machine: its duty cycle; intervals shorter than its start-up) falls behind; under ``--audit every``
     two consecutive intervals waiting are then replayed as one (the first pair that can: the second neither
-    :attr:`Interval.resumed` nor :attr:`Interval.session_start`, the whole at most :data:`MERGE_MAX` times the newest), so that no step goes
+    :attr:`Interval.resumed` nor :attr:`Interval.session_start`, the whole at most :data:`MERGE_MAX` times the
+    longest commit interval waiting: not the newest, which the final save, a few steps after a periodic one,
+    makes short), so that no step goes
     unaudited: a dropped interval is a hole a fault in it passes through for good (every later interval starts
     from the state it left). Otherwise (sampled, nothing can merge) the oldest is dropped."""
     if len(queue) <= QUEUE_MAX:
         return queue
     if mode == AuditMode.EVERY:
+        unit = max(i.longest for i in queue)
         for i, (a, b) in enumerate(zip(queue, queue[1:])):
-            if a.end == b.start and not (b.resumed or b.session_start) and b.end - a.start <= MERGE_MAX * queue[-1].steps:
-                merged = Interval(a.start, b.end, a.start_path, b.end_path, resumed=a.resumed)
+            if a.end == b.start and not (b.resumed or b.session_start) and b.end - a.start <= MERGE_MAX * unit:
+                merged = Interval(a.start, b.end, a.start_path, b.end_path, resumed=a.resumed,
+                                  part=max(a.longest, b.longest))
                 return waiting([*queue[:i], merged, *queue[i + 2:]], mode)
     return queue[-QUEUE_MAX:]
 
