@@ -156,6 +156,9 @@ def audit_lines(audit: Any) -> list[str]:
     if wrong:
         line += "; computed wrongly (rolled back), by host: " + ", ".join(f"{h} {n}" for h, n in wrong.items())
     lines = [line]
+    if audit.get("dropped_steps"):
+        lines.append(f"  {audit['dropped_steps']} committed steps not audited: the auditor fell behind and their "
+                     "intervals were dropped (a fault in them goes unseen)")
     if audit.get("slowdown") is not None and not audit.get("off"):
         lines.append(f"  auditor runs {float(audit.get('duty') or 0):.0%} of the time: a running auditor slows the "
                      f"trainer {float(audit['slowdown']):.1%}, so the audit costs it "

@@ -103,6 +103,21 @@ def test_a_slow_trainer_gets_windows_of_several_steps() -> None:
     assert min(b - a for a, b in zip(starts, starts[1:])) >= 2 * WINDOW_STEPS * 0.9  # a run and a pause, each >= 10 steps
 
 
+def test_a_noisy_estimate_does_not_swing_the_duty_to_full_speed_and_back() -> None:
+    """helper-100: beside two CPU burners the slowdown measured flipped between 0.081 and -0.015 a sample, and the
+    duty with it between 0.049 and 1.0. It rises at most twice a sample now."""
+    dc = DutyCycle(duty=0.05, samples=[0.92, 0.92, 0.92])
+    dc.since, dc.running, dc.run_rate, dc.pause_rate = 0.0, False, 1000.0, 1000.0  # a pause ends: one more sample
+    dc.window = [[(0.2, 0), (30.0, 30_000)]]  # the pause's rate 1000/s: the run window's 1000 was no slowdown
+    dc.samples = [1.0, 1.0, 1.0]
+    dc.tick(30.5, free=False, auditor_live=True)
+    assert dc.slowdown == 0.0 and dc.duty == 0.1  # not 1.0 at once
+    dc.samples, dc.running, dc.run_rate, dc.since = [0.9, 0.9, 0.9], False, 900.0, 100.0
+    dc.window = [[(100.2, 0), (130.0, 29_800)]]
+    dc.tick(131.0, free=False, auditor_live=True)
+    assert dc.duty == duty_for(dc.slowdown) < 0.1  # down at once
+
+
 def test_the_duty_for_a_slowdown() -> None:
     assert duty_for(None) == START_DUTY and duty_for(0.0) == 1.0 and duty_for(0.003) == 1.0
     assert duty_for(0.04) == 0.1 and duty_for(10.0) == MIN_DUTY

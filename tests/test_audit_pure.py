@@ -142,6 +142,11 @@ def test_an_auditor_that_falls_behind_under_every_replays_two_waiting_intervals_
     first = book.queue[0]
     assert first.steps <= 8 * 100 and book.queue[-1].end == 2000  # no longer than MERGE_MAX of the newest: then dropped
     assert all(a.end == b.start for a, b in zip(book.queue, book.queue[1:]))  # what waits has no hole
+    for s in range(2100, 4100, 100):  # past what three merged intervals hold: the oldest dropped, and noted
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    spans = sorted(book.dropped + [(i.start, i.end) for i in book.queue])  # a hole is noted (said, counted)
+    assert book.dropped and spans[0][0] == 0 and spans[-1][1] == 4000
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
     sampled_ = _book(mode=AuditMode.SAMPLED, steps=(0,))
     for s in range(100, 3300, 100):
         committed(sampled_, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
@@ -244,6 +249,9 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
     assert audit_lines(audit) == ["  audit (every): 1200 of 1600 committed steps replayed bit-equal (75.0%); verdicts: "
                                   "match 3, trainer 1; computed wrongly (rolled back), by host: h1 1"]
     assert audit_lines({}) == []
+    assert audit_lines(dict(audit, dropped_steps=300))[1] == ("  300 committed steps not audited: the auditor fell "
+                                                              "behind and their intervals were dropped (a fault in "
+                                                              "them goes unseen)")
     paced = dict(audit, duty=0.08, slowdown=0.05, cost=0.004)
     assert audit_lines(paced)[1] == ("  auditor runs 8% of the time: a running auditor slows the trainer 5.0%, so the "
                                      "audit costs it 0.40% (budget 0.5%)")

@@ -59,6 +59,8 @@ class Auditors:
         self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
         self.end_waits = False  # a finished trainer's end waits for the audit (judge reads it in Findings.audit)
         self.duty = duty.DutyCycle()
+        self.dropped_steps = 0  # the steps of intervals dropped unreplayed (--audit every: a hole)
+        self.said_dropped = False
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self._publish()
 
@@ -86,6 +88,7 @@ class Auditors:
                 and trainer.ready_at is not None else None
             committed(self.book, msg.step, msg.path, eligible, msg.attempt, began,
                       final=getattr(msg.reason, "value", msg.reason) == "final")
+            self._holes()
             self._publish()
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
             self.answered = True
@@ -121,6 +124,24 @@ class Auditors:
             self.attempt += 1
             self.running, self.answered = self.attempt, False
             self._publish()
+
+    def _holes(self) -> None:
+        """Intervals dropped unreplayed (the auditor fell behind past what merging covers): counted, and said once
+        a launch under ``--audit every`` (a fault in them goes unseen for good: every later interval starts from
+        the state they left)."""
+        gone, self.book.dropped = self.book.dropped, []
+        if not gone:
+            return
+        steps = sum(b - a for a, b in gone)
+        self.dropped_steps += steps
+        if self.book.mode == AuditMode.EVERY and not self.said_dropped:
+            self.said_dropped = True
+            spans = ", ".join(f"{a}-{b}" for a, b in gone)
+            self.report([Report(say=f"procsv: audit: the auditor cannot keep up: steps {spans} are not audited (a "
+                                    "fault in them would go unseen; the auditor runs only on CPU the trainer "
+                                    "leaves, see its duty in procsv status); the steps not audited are counted "
+                                    "in status.json's audit.dropped_steps", err=True)])
+        self._publish()
 
     def _pace(self, child: Optional[ChildView]) -> None:
         """Stop or continue the auditor as the duty cycle says (it runs free while the trainer does not train)."""
@@ -224,6 +245,7 @@ class Auditors:
         self.view.findings.audit = {} if book.mode == AuditMode.OFF else {
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
             "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
+            "dropped_steps": self.dropped_steps,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
             "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(

@@ -17,7 +17,9 @@ on either side of it, is one sample of what a running auditor leaves the trainer
 minus the median of the last :data:`SAMPLES` of them. The duty (the share of the time the auditor runs) is then
 the largest that costs at most :data:`TARGET` (``duty * x``), between :data:`MIN_DUTY` and 1: a machine
 with cores to spare (``x`` about 0) audits at full speed (a short pause every :data:`FREE_RUN_SECS` keeps
-measuring); a loaded one audits slowly and says so (the fraction of steps audited, ``procsv status``). A
+measuring); a loaded one audits slowly and says so (the fraction of steps audited, ``procsv status``). The duty
+falls to what the estimate says at once and rises at most :data:`UP` times a sample: noise in the estimate
+then keeps the duty low rather than swinging it to 1 and back (the budget is kept, coverage given up). A
 window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
 restarted, or the auditor was not running throughout, is no sample. While the trainer is not training (restarting, finished and waiting for its last
 verdicts) or the run is finishing, the auditor runs free.
@@ -39,6 +41,8 @@ WINDOW_STEPS = 10  # a window is at least this many of the trainer's steps long 
 START_DUTY = 0.5  # before SAMPLES_MIN samples: a run window, then as long a pause
 MIN_DUTY = 0.02
 SAMPLES = 7  # the samples the slowdown is the median of
+UP = 2.0  # the duty rises at most this many times a sample (it falls to what the estimate says at once): a noisy
+# estimate swings between "costs nothing" and "costs 8 %" (helper-100: the duty flipped 0.049 <-> 1.0 a sample)
 SAMPLES_MIN = 3  # the duty stays START_DUTY until this many
 SETTLE_SECS = 0.15  # the trainer's reports this soon after a switch belong to neither window
 MIN_SPAN = 0.5  # a window's reports must span this share of it to give a rate
@@ -131,7 +135,7 @@ class DutyCycle:
             if rate is not None and self.run_rate is not None:
                 base = rate if self.pause_rate is None else (rate + self.pause_rate) / 2  # the pauses on both sides
                 self.samples = (self.samples + [self.run_rate / base])[-SAMPLES:]
-                self.duty = duty_for(self.slowdown)
+                self.duty = min(duty_for(self.slowdown), UP * self.duty)  # down at once, up by steps
             self.pause_rate, self.run_rate = rate, None
         self._begin(not self.running, now)
         return self.running

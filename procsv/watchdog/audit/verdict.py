@@ -37,6 +37,8 @@ book notes every commit's step and attempt (:func:`seen`), and a rollback says w
 (:func:`wrong_timeline`: every step after S1 committed by the rolled-back attempt or an earlier one), as does a
 late commit of such an attempt after it (:func:`seen`); the checkpoint service moves them
 (:class:`~procsv.ipc.messages.AuditQuarantine`).
+
+One concern: the audit's decisions, from the commits it hears to what a verdict means and leaves behind.
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class AuditBook:
     probed: bool = False  # the first interval was replayed twice (the program's determinism)
     audited_steps: int = 0
     covered_steps: int = 0  # the steps of every interval seen (the denominator of the fraction audited)
+    dropped: list[tuple[int, int]] = field(default_factory=list)  # intervals dropped unreplayed, not yet said
     off: str = ""
     verdicts: list[Judged] = field(default_factory=list)  # the newest RECENT (a month of intervals is not kept)
     counts: dict[str, int] = field(default_factory=dict)  # every verdict of the launch, by kind
@@ -184,7 +187,10 @@ class AuditBook:
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
         if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
-            self.queue = waiting([*self.queue, interval], self.mode)
+            queued = [*self.queue, interval]
+            self.queue = waiting(queued, self.mode)
+            gone = [i for i in queued if not any(j.start <= i.start and i.end <= j.end for j in self.queue)]
+            self.dropped.extend((i.start, i.end) for i in gone)  # (a hole: said, counted in the status)
 
     def rolled_back(self, judged: Judged) -> None:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
