@@ -17,11 +17,14 @@
     and off, alternated: each first trainer attempt's steps per second as it reports them (``ran N of them in X
     s``, X to 10 ms, its session's start and end included alike); the ratio of the medians (goal >= 0.995: the
     auditors run at SCHED_IDLE, on spare CPU only). Each audited run's audited fraction is printed: a ratio
-    of runs whose audit did not keep up says so.
+    of runs whose audit did not keep up says so. Between runs the same program's rate varies more than the
+    0.5 % to resolve on a shared machine (seen here: 908-1194 steps/s audit-free); each audited run's duty cycle
+    also measures its own cost, interleaved within the run (``status.json``'s ``audit.cost``: the slowdown a
+    running auditor caused, times the share of the time it ran), and its median is printed too.
 
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
-throughput_ratio=<x> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
+throughput_ratio=<x> duty_cycle_cost=<median> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
 caught, a run not succeeded, weights not bit-equal, a false alarm: a ``trainer`` or ``nondeterministic``
 verdict in a throughput run).
 """
@@ -90,6 +93,11 @@ def step_at(evs: list[dict[str, Any]], when: float, last: int) -> float:
     return float(last)
 
 
+def status(logdir: str) -> dict[str, Any]:
+    with open(os.path.join(logdir, ".procsv", "status.json")) as fh:
+        return dict(json.load(fh))
+
+
 def rate(logdir: str) -> float:
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         found = RAN.search(fh.read())
@@ -149,7 +157,7 @@ def main() -> int:
                   f"{str(same):>6}")
         if not exact:
             wrong.append("a fault run's final weights differ from the clean run's")
-        off_rates, on_rates = [], []
+        off_rates, on_rates, costs = [], [], []
         for i in range(args.runs):
             for audit, into in (("off", off_rates), ("every", on_rates)):
                 logdir = os.path.join(root, f"rate-{audit}{i}")
@@ -162,8 +170,12 @@ def main() -> int:
                 if audit == "every":
                     matched = sorted((e["start"], e["end"]) for e in evs if e["event"] == "audit"
                                      and e["verdict"] == "match")
+                    own = status(logdir).get("audit") or {}
+                    if own.get("cost") is not None:
+                        costs.append(float(own["cost"]))
                     print(f"throughput run {i}: {into[-1]:.1f} steps/s, {len(matched)} interval(s) audited "
-                          f"({sum(b - a for a, b in set(matched))} of {args.rate_steps} steps)")
+                          f"({sum(b - a for a, b in set(matched))} of {args.rate_steps} steps); the duty cycle's own "
+                          f"measure: duty {own.get('duty')}, slowdown {own.get('slowdown')}, cost {own.get('cost')}")
                 else:
                     print(f"throughput run {i}, audit off: {into[-1]:.1f} steps/s")
     off, on = statistics.median(off_rates), statistics.median(on_rates)
@@ -177,7 +189,8 @@ def main() -> int:
           f"fault_to_mismatch_steps={statistics.median(found) if found else -1:.0f} "
           f"fault_to_verdict_steps={statistics.median(lags) if lags else -1:.0f} "
           f"fault_to_verdict_intervals={max(intervals) if intervals else -1} exact={int(exact)} "
-          f"steps_per_s_off={off:.1f} steps_per_s_audit={on:.1f} throughput_ratio={on / off:.3f} load={load:.1f}")
+          f"steps_per_s_off={off:.1f} steps_per_s_audit={on:.1f} throughput_ratio={on / off:.3f} "
+          f"duty_cycle_cost={statistics.median(costs) if costs else -1:.4f} load={load:.1f}")
     return 1 if wrong else 0
 
 
