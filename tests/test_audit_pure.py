@@ -181,6 +181,22 @@ def test_an_interval_begun_by_a_restart_is_not_merged_into_the_one_before() -> N
     for s, final in ((4, False), (8, False), (12, True), (16, False), (20, False)):
         committed(fits, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, final=final)
     assert [(i.start, i.end, i.session_start) for i in fits.queue] == [(0, 12, False), (12, 16, True), (16, 20, False)]
+    # a fit's end whose step its last epoch's save committed first: its final commit is an "again" (CI's run F:
+    # test_keras_extra's two fits, 12-24 and 24-40 merged, "the program ended at step 24, before step 40")
+    again = _book(steps=(0,))
+    for s in (4, 8, 12):
+        committed(again, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    again.session_ended(12)  # (the final SaveResult, again=True: not a commit the book counts)
+    for s in (16, 20):
+        committed(again, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert [(i.start, i.end, i.session_start) for i in again.queue] == [(0, 12, False), (12, 16, True), (16, 20, False)]
+    # a merged interval keeps its first part's session start (CI's run F, test_keras_extra's two fits: 24-32 and
+    # 32-40 merged into 24-40 lost it, then 12-24 and 24-40 merged into 12-40: "ended at step 24, before step 40")
+    two = _book(steps=(0,))
+    for s, final in ((6, False), (12, False), (18, False), (24, True), (32, False), (40, False), (48, False)):
+        committed(two, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, final=final)
+    assert all(not (i.start < 24 < i.end) for i in two.queue), [(i.start, i.end) for i in two.queue]
+    assert any(i.start == 24 and i.session_start for i in two.queue), [(i.start, i.end) for i in two.queue]
 
 
 def test_retention_keeps_the_steps_an_audit_holds_past_max_to_keep_and_deletes_them_once_let_go() -> None:

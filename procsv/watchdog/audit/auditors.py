@@ -90,6 +90,8 @@ class Auditors:
                       final=getattr(msg.reason, "value", msg.reason) == "final")
             self._holes()
             self._publish()
+        elif isinstance(msg, SaveResult) and msg.ok and getattr(msg.reason, "value", msg.reason) == "final":
+            self.book.session_ended(msg.step)  # (again: its step's save came first; the session ended there all the same)
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
             self.answered = True
             self._judge(Replay(tuple(msg.differ), msg.digest, msg.host, msg.error))

@@ -192,6 +192,12 @@ class AuditBook:
             gone = [i for i in queued if not any(j.start <= i.start and i.end <= j.end for j in self.queue)]
             self.dropped.extend((i.start, i.end) for i in gone)  # (a hole: said, counted in the status)
 
+    def session_ended(self, step: int) -> None:
+        """A session's final commit of ``step`` was committed before (an ``again``: a Keras fit's end after its
+        last epoch's save): if it is the newest commit, the next interval begins a session all the same."""
+        if self.last is not None and self.last[0] == step:
+            self.last_final = True
+
     def rolled_back(self, judged: Judged) -> None:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
         waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
@@ -311,7 +317,7 @@ def waiting(queue: list[Interval], mode: AuditMode) -> list[Interval]:
         for i, (a, b) in enumerate(zip(queue, queue[1:])):
             if a.end == b.start and not (b.resumed or b.session_start) and b.end - a.start <= MERGE_MAX * unit:
                 merged = Interval(a.start, b.end, a.start_path, b.end_path, resumed=a.resumed,
-                                  part=max(a.longest, b.longest))
+                                  session_start=a.session_start, part=max(a.longest, b.longest))
                 return waiting([*queue[:i], merged, *queue[i + 2:]], mode)
     return queue[-QUEUE_MAX:]
 
