@@ -30,6 +30,15 @@ def _book(mode: AuditMode = AuditMode.EVERY, steps: tuple[int, ...] = (100, 200)
     return book
 
 
+def judge(book: AuditBook, *answers: Replay) -> object:
+    """The next interval replayed with ``answers`` (one per auditor): the last answer's verdict (None: none yet)."""
+    next_replay(book, False)
+    out = None
+    for a in answers:
+        out = replayed(book, a)
+    return out
+
+
 def test_two_replays_that_agree_with_each_other_and_not_with_the_trainer_roll_it_back_to_the_intervals_start() -> None:
     book = _book()
     assert next_replay(book, False).start == 100
@@ -290,13 +299,6 @@ def test_replays_that_agree_and_miss_the_trainer_before_the_program_is_known_to_
     generator restarts in every fresh process) replays the same way twice, never the trainer's way: two such
     intervals running switch the audit off, nothing rolled back. A real fault (one wrong bit stays in the state:
     the interval after it replays as the trainer ran it) is rolled back one interval later."""
-    def judge(book: AuditBook, *answers: Replay) -> object:
-        next_replay(book, False)
-        out = None
-        for a in answers:
-            out = replayed(book, a)
-        return out
-
     inexact = AuditBook(mode=AuditMode.EVERY)
     for s in (100, 200, 300):
         committed(inexact, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
@@ -345,13 +347,6 @@ def test_an_interval_from_the_step_its_trainer_began_at_is_a_fresh_start_as_the_
     next interval that differs is a candidate, and the one after switches the audit off, nothing rolled back (a
     seeded graph program measured: without this, every interval rolled back). A mismatch of it is the trainer's at
     once, as a restarted trainer's first interval's."""
-    def judge(book: AuditBook, *answers: Replay) -> object:
-        next_replay(book, False)
-        out = None
-        for a in answers:
-            out = replayed(book, a)
-        return out
-
     seeded = AuditBook(mode=AuditMode.EVERY)
     for s in (0, 200, 400, 600):
         committed(seeded, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, began=0)

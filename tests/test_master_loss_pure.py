@@ -30,14 +30,19 @@ MASTER = "10.0.0.1:29400"
 TURN = 0.05  # the agent's loop turns this often (multihost.agent.TICK)
 
 
-def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = TURN,
-        node_timeout: float = 15.0, rtt: float = 0.001, probe: str = MASTER) -> Optional[tuple[float, str]]:
+def agent(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = TURN,
+          node_timeout: float = 15.0, rtt: float = 0.001, probe: str = MASTER,
+          first_loss: bool = False) -> tuple[list[tuple[float, str]], list[float], NodeView]:
     """The agent's turns every ``tick`` s until ``until``: the master's beats read at the times in ``beats`` (at
     the first turn after each, as its loop reads them); a probe sent at ``t`` is answered ``rtt`` later if
-    ``kernel(t)`` is not None (True: a handshake, False: a reset), observed at the next turn. The first
-    ``(time, reason)`` the master is found lost, or None."""
+    ``kernel(t)`` is not None (True: a handshake, False: a reset), observed at the next turn; a redial whenever
+    :func:`master_redial` says so (its time becomes the connection's); the master marked lost when found so (as
+    ``MasterSeen.lost`` does), or, ``first_loss``, the turns end there. The ``(time, reason)`` it was found lost,
+    the times it redialed, and the view at the end."""
     master = NodeView(0, probe=probe)
     answers: list[tuple[float, float, bool]] = []  # (when it arrives, the probe's send, a handshake)
+    lost: list[tuple[float, str]] = []
+    dialed: list[float] = []
     b = 0
     for i in range(int(until / tick) + 1):
         now = round(i * tick, 6)
@@ -47,6 +52,8 @@ def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: fl
         got = [a for a in answers if a[0] <= now]
         answers = [a for a in answers if a[0] > now]
         master = master_probes_looked(master, now, [(sent, handshake) for _, sent, handshake in got])
+        if master_redial(master, dialed[-1] if dialed else 0.0):
+            dialed.append(now)
         if master_probe_due(master, now):
             master = master_probe_sent(master, now)
             said = kernel(now)
@@ -54,8 +61,18 @@ def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: fl
                 answers.append((now + rtt, now, said))
         why = master_lost(master, now, node_timeout)
         if why is not None:
-            return now, why
-    return None
+            lost.append((now, why))
+            if first_loss:
+                break
+            master = dataclasses.replace(master, lost_at=now)
+    return lost, dialed, master
+
+
+def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = TURN,
+        node_timeout: float = 15.0, rtt: float = 0.001, probe: str = MASTER) -> Optional[tuple[float, str]]:
+    """The first ``(time, reason)`` the master is found lost in :func:`agent`'s turns, or None."""
+    lost, _, _ = agent(beats, kernel, until, tick, node_timeout, rtt, probe, first_loss=True)
+    return lost[0] if lost else None
 
 
 def test_a_master_host_whose_packets_are_dropped_is_found_lost_within_half_a_second() -> None:
@@ -134,33 +151,9 @@ def test_a_master_stopped_whole_for_14_s_is_probed_too_seldom_to_fill_its_socket
 
 def redials(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, node_timeout: float = 15.0,
             rtt: float = 0.001) -> tuple[list[float], list[float], NodeView]:
-    """The agent's turns as :func:`run`'s, the master marked lost when found so (as ``MasterSeen.lost`` does), and
-    a redial whenever :func:`master_redial` says so (its time becomes the connection's): the times it was found
-    lost, the times it redialed, and the view at the end."""
-    master = NodeView(0, probe=MASTER)
-    answers: list[tuple[float, float, bool]] = []
-    lost: list[float] = []
-    dialed: list[float] = []
-    b = 0
-    for i in range(int(until / TURN) + 1):
-        now = round(i * TURN, 6)
-        while b < len(beats) and beats[b] <= now:
-            master = master_beat(master, now)
-            b += 1
-        got = [a for a in answers if a[0] <= now]
-        answers = [a for a in answers if a[0] > now]
-        master = master_probes_looked(master, now, [(sent, handshake) for _, sent, handshake in got])
-        if master_redial(master, dialed[-1] if dialed else 0.0):
-            dialed.append(now)
-        if master_probe_due(master, now):
-            master = master_probe_sent(master, now)
-            said = kernel(now)
-            if said is not None:
-                answers.append((now + rtt, now, said))
-        if master_lost(master, now, node_timeout) is not None:
-            master = dataclasses.replace(master, lost_at=now)
-            lost.append(now)
-    return lost, dialed, master
+    """:func:`agent`'s turns to the end: the times it was found lost, the times it redialed, the view at the end."""
+    lost, dialed, master = agent(beats, kernel, until, node_timeout=node_timeout, rtt=rtt)
+    return [t for t, _ in lost], dialed, master
 
 
 def test_a_partition_that_heals_makes_the_agent_redial_within_a_turn_or_two_whatever_its_length() -> None:
