@@ -86,9 +86,9 @@ def flat(v: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([v["w"].ravel(), v["b"].ravel()]).astype(np.float64)
 
 
-def reapplied_bound(path: list[dict[str, np.ndarray]], after: int, step: int, k: int) -> float:
+def reapplied_bound(path: list[dict[str, np.ndarray]], first: int, step: int, k: int) -> float:
     """How far (L2, over ``w`` and ``b``) the run's variables at ``step`` may be from the plain run's
-    (``path``: :func:`replay_path`'s) when ``k`` steps later than ``after`` were applied twice.
+    (``path``: :func:`replay_path`'s) when ``k`` of the steps ``first .. step`` were applied twice.
 
     ``ClusterCoordinator`` runs a function at least once, by TensorFlow's own contract ("a function
     may be executed more than once"): a worker killed after it applied a step's update (all of it, or
@@ -100,7 +100,7 @@ def reapplied_bound(path: list[dict[str, np.ndarray]], after: int, step: int, k:
     ``e`` to ``(I - 2 LR A_t) e``, never larger (``2 LR |A_t| < 2``: LR 0.002, ``|A_t|`` about 5), and a
     restore copies it exactly. So ``k`` repeats stay within ``k`` times the largest such update of a
     step that could have been the repeated one; 1e-5 for float noise (the clean run is within 1e-6)."""
-    updates = [float(np.linalg.norm(flat(path[s]) - flat(path[s - 1]))) for s in range(after + 1, step + 1)]
+    updates = [float(np.linalg.norm(flat(path[s]) - flat(path[s - 1]))) for s in range(max(first, 1), step + 1)]
     return k * max(updates) + 1e-5
 
 
@@ -122,7 +122,7 @@ def test_the_reapplied_step_bound_holds_the_ci_runs_state_and_no_more() -> None:
         return {"w": m.w.numpy(), "b": m.b.numpy()}
 
     path = replay_path(127)
-    bound = reapplied_bound(path, 1, 127, 1)  # the CI run's kill came after the trainer reported step >= 1
+    bound = reapplied_bound(path, 1, 127, 1)  # any step of the CI run's may have been the one
     ci = run(2, 10, 127)
     assert abs(float(ci["w"][2, 0]) - 0.83613) < 2e-5 and abs(float(path[127]["w"][2, 0]) - 0.82111) < 2e-5
     assert np.linalg.norm(flat(ci) - flat(path[127])) <= bound
@@ -228,7 +228,7 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
     path = replay_path(step)
     got, want = restored(latest), path[step]
     # near the plain run's variables at that step, not bit-equal: the step in flight when worker1 was
-    # killed (later than `down`) may have been applied twice (ClusterCoordinator's at-least-once
+    # killed (`down`, the step status.json had before the kill, or a later one) may have been applied twice (ClusterCoordinator's at-least-once
     # closures: reapplied_bound); k = 1, the one worker kill. The coordinator's kill and the parameter
     # server's add none: each ends in a restore of a checkpoint taken between joined steps, and a
     # killed coordinator's closure, should it still run, updates that coordinator's variables, not the
