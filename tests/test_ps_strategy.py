@@ -228,13 +228,15 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
     path = replay_path(step)
     got, want = restored(latest), path[step]
     # near the plain run's variables at that step, not bit-equal: the step in flight when worker1 was
-    # killed (`down`, the step status.json had before the kill, or a later one) may have been applied twice (ClusterCoordinator's at-least-once
-    # closures: reapplied_bound); k = 1, the one worker kill. The coordinator's kill and the parameter
-    # server's add none: each ends in a restore of a checkpoint taken between joined steps, and a
-    # killed coordinator's closure, should it still run, updates that coordinator's variables, not the
-    # ones its successor restored into (docs/parameter-servers.md). Seen once in 8 CI runs: w[2] 0.015
-    # ahead at step 127, step 10 applied twice (test_the_reapplied_step_bound_holds_the_ci_runs_state_and_no_more). A coordinator that trained the
-    # parameter server's lost (zero) variables from step r3 on would hold replay(step - r3)'s
+    # killed (`down`, the step status.json had before the kill, or a later one) may have been applied
+    # twice (ClusterCoordinator's at-least-once closures: reapplied_bound); k = 1, the one worker kill.
+    # The coordinator's kill and the parameter server's add none: each ends in a restore of a
+    # checkpoint taken between joined steps, and a killed coordinator's closure, should it still run,
+    # updates that coordinator's variables, not the ones its successor restored into
+    # (docs/parameter-servers.md). Seen once in 8 CI runs: w[2] 0.015 ahead at step 127, step 10
+    # applied twice (test_the_reapplied_step_bound_holds_the_ci_runs_state_and_no_more). A coordinator
+    # that trained the parameter server's lost (zero) variables from step r3 on would hold
+    # replay(step - r3)'s
     bound = reapplied_bound(path, down, step, 1)
     assert np.linalg.norm(flat(got) - flat(want)) <= bound, (got, want, bound)
     assert not np.allclose(got["w"], path[step - r3]["w"], rtol=0, atol=0.01)
