@@ -82,6 +82,54 @@ def stepping(logdir: str, attempt: int, past: int) -> dict[str, Any]:
     return e if e.get("attempt") == attempt and e.get("state") == "running" and e.get("step", 0) > past else {}
 
 
+def flat(v: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([v["w"].ravel(), v["b"].ravel()]).astype(np.float64)
+
+
+def reapplied_bound(path: list[dict[str, np.ndarray]], first: int, step: int, k: int) -> float:
+    """How far (L2, over ``w`` and ``b``) the run's variables at ``step`` may be from the plain run's
+    (``path``: :func:`replay_path`'s) when ``k`` of the steps ``first .. step`` were applied twice.
+
+    ``ClusterCoordinator`` runs a function at least once, by TensorFlow's own contract ("a function
+    may be executed more than once"): a worker killed after it applied a step's update (all of it, or
+    its first assign) but before the coordinator fetched the step's result has that closure run again
+    on another worker. On the state ``v`` the step met, that adds ``(I - 2 LR A_s) P u_s(v)`` (``u_s``:
+    the step's update, ``P`` the part that had landed, ``A_s`` the batch's ``Z^T Z / BATCH``, ``Z``
+    its inputs with a column of ones): at most ``|u_s|``, which is the plain run's
+    ``|path[s] - path[s - 1]|`` while no step was repeated before. Every later step maps a difference
+    ``e`` to ``(I - 2 LR A_t) e``, never larger (``2 LR |A_t| < 2``: LR 0.002, ``|A_t|`` about 5), and a
+    restore copies it exactly. So ``k`` repeats stay within ``k`` times the largest such update of a
+    step that could have been the repeated one; 1e-5 for float noise (the clean run is within 1e-6)."""
+    updates = [float(np.linalg.norm(flat(path[s]) - flat(path[s - 1]))) for s in range(max(first, 1), step + 1)]
+    return k * max(updates) + 1e-5
+
+
+def test_the_reapplied_step_bound_holds_the_ci_runs_state_and_no_more() -> None:
+    """The bound of :func:`reapplied_bound` on states computed in this process: the fresh-clone CI run's
+    (step 10 applied twice, then steps to 127: ``w[2]`` 0.83613 where the plain run has 0.82111, outside
+    the 0.01 the test allowed before) is within it; step 10 applied three times (two repeats where the
+    launch kills one worker) and the run that trained zeroed variables from step 100 on are not."""
+    import tensorflow as tf
+
+    from procsv.examples.ps_strategy import build, replay_path, step_function
+
+    def run(times: int, at: int, steps: int) -> dict[str, np.ndarray]:
+        m = build(tf)
+        per_step = step_function(tf, m)
+        for s in range(1, steps + 1):
+            for _ in range(times if s == at else 1):
+                per_step(tf.constant(s, tf.int64))
+        return {"w": m.w.numpy(), "b": m.b.numpy()}
+
+    path = replay_path(127)
+    bound = reapplied_bound(path, 1, 127, 1)  # any step of the CI run's may have been the one
+    ci = run(2, 10, 127)
+    assert abs(float(ci["w"][2, 0]) - 0.83613) < 2e-5 and abs(float(path[127]["w"][2, 0]) - 0.82111) < 2e-5
+    assert np.linalg.norm(flat(ci) - flat(path[127])) <= bound
+    assert np.linalg.norm(flat(run(3, 10, 127)) - flat(path[127])) > bound
+    assert np.linalg.norm(flat(path[27]) - flat(path[127])) > bound  # zeroed at step 100, 27 steps since
+
+
 def restored_step(text: str) -> int:
     return int(text.split("procsv: restored step ")[1].split()[0])
 
@@ -93,7 +141,7 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
     dispatches again), the parameter server (restarted; procsv ends the coordinator, whose strategy
     cannot outlive it, and the next one restores); then SIGTERM to the launch: the coordinator
     commits its last step and every task stops (exit 143)."""
-    from procsv.examples.ps_strategy import replay
+    from procsv.examples.ps_strategy import replay_path
 
     logdir = os.path.join(short_tmp, "run")
     proc = launch(logdir, "--steps", "100000", "--save-model-secs", "1", "--step-delay", "0.05",
@@ -177,10 +225,19 @@ def test_each_task_of_the_coordinators_cluster_is_restarted_alone(short_tmp: str
     assert latest is not None
     step = int(os.path.basename(latest)[len("model.ckpt-"):])
     assert step > c3["step"] and step == committed_steps(logdir)[-1]
-    got, want = restored(latest), replay(step)
-    # near the plain run's variables at that step: a step a killed worker had half applied may be
-    # applied again when the coordinator reschedules it, so not bit-equal; a coordinator that trained
-    # the parameter server's lost (zero) variables from step r3 on would hold replay(step - r3)'s
-    np.testing.assert_allclose(got["w"], want["w"], rtol=0, atol=0.01)
-    np.testing.assert_allclose(got["b"], want["b"], rtol=0, atol=0.01)
-    assert not np.allclose(got["w"], replay(step - r3)["w"], rtol=0, atol=0.01)
+    path = replay_path(step)
+    got, want = restored(latest), path[step]
+    # near the plain run's variables at that step, not bit-equal: the step in flight when worker1 was
+    # killed (`down`, the step status.json had before the kill, or a later one) may have been applied
+    # twice (ClusterCoordinator's at-least-once closures: reapplied_bound); k = 1, the one worker kill.
+    # The coordinator's kill and the parameter server's add none: each ends in a restore of a
+    # checkpoint taken between joined steps, and a killed coordinator's closure, should it still run,
+    # updates that coordinator's variables, not the ones its successor restored into
+    # (docs/parameter-servers.md). Seen once in 8 CI runs: w[2] 0.015 ahead at step 127, step 10
+    # applied twice (test_the_reapplied_step_bound_holds_the_ci_runs_state_and_no_more). A coordinator
+    # that trained the parameter server's lost (zero) variables from step r3 on would hold
+    # replay(step - r3)'s
+    bound = reapplied_bound(path, down, step, 1)
+    assert np.linalg.norm(flat(got) - flat(want)) <= bound, (got, want, bound)
+    assert not np.allclose(got["w"], path[step - r3]["w"], rtol=0, atol=0.01)
+    assert np.linalg.norm(flat(got) - flat(path[step - r3])) > bound  # the bound tells the two apart

@@ -7,7 +7,8 @@ this program is the only one that runs TARGET's code: ``TFConfigClusterResolver`
 cluster, ``ParameterServerStrategy`` puts the variables on the parameter servers, and every step
 ``ClusterCoordinator.schedule`` dispatches the per-step function to a worker and ``join()`` waits
 for it. The step's input is a function of the step alone (a seeded random batch), so which worker
-runs it changes nothing: the variables after step ``s`` are :func:`replay`'s.
+runs it changes nothing: the variables after step ``s`` are :func:`replay`'s (but for a step a
+killed worker's rescheduled closure applied twice: ``docs/parameter-servers.md``).
 
 The model (a ``tf.Module``: a linear regression to a fixed target ``y = x . W_TRUE + B_TRUE``) and
 the plain SGD update are written out so that the same steps can be replayed in one process
@@ -68,16 +69,24 @@ def step_function(tf: Any, m: Any) -> Any:
     return per_step
 
 
-def replay(steps: int) -> dict[str, Any]:
-    """The variables after ``steps`` steps, computed in this process (no cluster): what the run's
-    checkpoint at that step must hold."""
+def replay_path(steps: int) -> list[dict[str, Any]]:
+    """The variables after each of the steps ``0 .. steps`` (index ``s``: after step ``s``; 0: the
+    zeros), computed in this process (no cluster)."""
     import tensorflow as tf
 
     m = build(tf)
     per_step = step_function(tf, m)
+    path = [{"w": m.w.numpy(), "b": m.b.numpy()}]
     for s in range(1, steps + 1):
         per_step(tf.constant(s, tf.int64))
-    return {"w": m.w.numpy(), "b": m.b.numpy()}
+        path.append({"w": m.w.numpy(), "b": m.b.numpy()})
+    return path
+
+
+def replay(steps: int) -> dict[str, Any]:
+    """The variables after ``steps`` steps, computed in this process (no cluster): what the run's
+    checkpoint at that step must hold (unless a step was applied twice: ``docs/parameter-servers.md``)."""
+    return replay_path(steps)[-1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
