@@ -9,6 +9,7 @@ from test_watchdog_decide import Sim, of
 
 from procsv.services.checkpoint.policy import retention
 from procsv.status import audit_lines
+from procsv.watchdog import observe
 from procsv.watchdog.actionlines import restart_reports
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditResult, SaveReason, SaveResult
@@ -503,15 +504,22 @@ class _Ex:
 
     def __init__(self, sim: Sim) -> None:
         self.sim, self.forked, self.performed = sim, [], []  # type: ignore[var-annotated]
+        self.defer = False  # a fork asked stays pending (in ``pending``) until the test answers or drops it
+        self.pending: set[int] = set()
 
     def clock(self) -> float:
         return self.sim.now
 
     def fork_auditor(self, attempt: int, extra: dict) -> bool:  # type: ignore[type-arg]
         self.forked.append((attempt, extra[AUDIT]))
-        self.sim.spawn(AUDITOR, AUDITOR)
-        assert self.sim.view.children[AUDITOR].attempt == attempt
+        if self.defer:
+            self.pending.add(attempt)
+            return True
+        observe.spawned(self.sim.view, AUDITOR, AUDITOR, attempt, 1000 + attempt, self.sim.now, "zygote")
         return True
+
+    def asking(self, slot: str, attempt: int) -> bool:
+        return slot == AUDITOR and attempt in self.pending
 
     def pause(self, slot: str, attempt: int, stopped: bool) -> None:
         pass
@@ -555,3 +563,25 @@ def test_the_watchdog_replays_a_killed_auditors_interval_and_its_status_says_the
         audits.round()
     assert [(r.fields["verdict"], r.fields["auditors"]) for r in said if r.event == Event.AUDIT] == [("match", [2, 3])]
     assert sim.view.findings.audit["end_waits"] is False and of(sim.tick(0.0), Finish)
+
+
+def test_an_auditor_whose_fork_the_zygote_never_answered_has_its_interval_replayed_not_the_audit_stalled() -> None:
+    """An auditor's fork given up on (the zygote died or stalled before it answered: an auditor comes from the zygote
+    or not at all) started no auditor; the audit waited for it for the rest of the launch (no interval replayed
+    again, a finished trainer's end held the whole END_WAIT_SECS). Its interval is replayed as a dead auditor's."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    audits, ex, said = _audited(sim, (100, 200))
+    ex.defer = True
+    audits.round()
+    assert ex.forked == [(1, "100:200")]
+    audits.round()  # (still asked: nothing)
+    assert ex.forked == [(1, "100:200")] and audits.running == 1
+    ex.pending.clear()  # the zygote died: the fork given up on, no auditor started
+    audits.round()
+    assert audits.running is None and audits.book.auditor_deaths == 1 and [r for r in said if r.event] == []
+    assert any("fork was given up on" in r.say and "a fresh auditor replays them" in r.say for r in said), said
+    ex.defer = False
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]

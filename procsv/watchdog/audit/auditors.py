@@ -105,13 +105,18 @@ class Auditors:
         self._hold()
 
     def round(self) -> None:
-        """An auditor that ended without answering: killed or crashed, its interval is replayed by a fresh auditor
-        (:func:`~procsv.watchdog.audit.verdict.died`); exited 0 (the program ended before its replay began), an answer
+        """An auditor that ended without answering: killed or crashed (or its fork from the zygote given up on, no
+        auditor started), its interval is replayed by a fresh auditor (:func:`~procsv.watchdog.audit.verdict.died`); exited 0 (the program ended before its replay began), an answer
         with an error. Then the next auditor, if one is due and the zygote can fork it while the run goes on (or while
         a finished trainer waits for it)."""
         if self.book.mode == AuditMode.OFF:
             return
         child = self.view.children.get(AUDITOR)
+        if self.running is not None and (child is None or child.attempt != self.running) \
+                and not self.ex.asking(AUDITOR, self.running):  # its fork was given up on (the zygote died, stalled)
+            self._died(Replay((), "", self.host, "the auditor's fork was given up on (the pre-warmed trainer died or "
+                                                 "stalled)", self.running))
+            self.running = None
         if self.running is not None and child is not None and child.attempt == self.running and not child.live:
             if not self.answered and child.exit_code == 0:
                 self._judge(Replay((), "", self.host, "the auditor exited with 0 before its answer", self.running))
