@@ -145,8 +145,9 @@ def spike_lines(spikes: Any) -> list[str]:
 
 def audit_lines(audit: Any) -> list[str]:
     """``status.json``'s ``audit`` (``--audit``, issue 71) in words: the fraction of the committed steps audited,
-    the verdicts, the hosts whose trainer an audit found computing wrongly, the auditor's duty cycle and what it
-    costs the trainer (once measured), why the audit switched off."""
+    the verdicts, the hosts whose trainer an audit found computing wrongly, the steps not audited (dropped, or no
+    replay could be made) and the auditors dead before their answer, whether a finished trainer's end waits for the
+    audit, the auditor's duty cycle and what it costs the trainer (once measured), why the audit switched off."""
     if not isinstance(audit, dict) or not audit.get("mode"):
         return []
     verdicts = ", ".join(f"{v} {n}" for v, n in sorted((audit.get("verdicts") or {}).items())) or "none yet"
@@ -159,6 +160,14 @@ def audit_lines(audit: Any) -> list[str]:
     if audit.get("dropped_steps"):
         lines.append(f"  {audit['dropped_steps']} committed steps not audited: the auditor fell behind and their "
                      "intervals were dropped (a fault in them goes unseen)")
+    if audit.get("unaudited_steps"):
+        lines.append(f"  {audit['unaudited_steps']} committed steps got no verdict (their replay could not be made: "
+                     "the audit records say why)")
+    if audit.get("auditor_deaths"):
+        lines.append(f"  {audit['auditor_deaths']} auditor(s) died before their answer (their interval replayed again "
+                     "by a fresh auditor, a bounded number of times)")
+    if audit.get("end_waits"):
+        lines.append("  the trainer finished; the run's end waits for the audit's last verdicts")
     if audit.get("slowdown") is not None and not audit.get("off"):
         lines.append(f"  auditor runs {float(audit.get('duty') or 0):.0%} of the time: a running auditor slows the "
                      f"trainer {float(audit['slowdown']):.1%}, so the audit costs it "

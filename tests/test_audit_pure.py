@@ -9,15 +9,21 @@ from test_watchdog_decide import Sim, of
 
 from procsv.services.checkpoint.policy import retention
 from procsv.status import audit_lines
+from procsv.watchdog import observe
 from procsv.watchdog.actionlines import restart_reports
-from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay,
-                                           Verdict, committed, end_wait, holds, late, next_replay, pending, replayed,
+from procsv.common.env import AUDIT
+from procsv.ipc.messages import AuditResult, SaveReason, SaveResult
+from procsv.watchdog.audit.auditors import Auditors, _record
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
+                                           SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay, Verdict,
+                                           committed, died, end_wait, holds, late, next_replay, pending, replayed,
                                            rollback, rolled_back, seen, wrong_timeline)
+from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
 from procsv.watchdog.rules.actions import Finish, Restart
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
-from procsv.watchdog.rules.state import TRAINER
+from procsv.watchdog.rules.state import AUDITOR, TRAINER
 
 GOOD = Replay((), "aaaa", "auditor-host")
 BAD = Replay(("dense/kernel",), "bbbb", "auditor-host")
@@ -277,6 +283,13 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
     assert audit_lines(dict(audit, dropped_steps=300))[1] == ("  300 committed steps not audited: the auditor fell "
                                                               "behind and their intervals were dropped (a fault in "
                                                               "them goes unseen)")
+    assert audit_lines(dict(audit, unaudited_steps=100, auditor_deaths=3))[1:] == [
+        "  100 committed steps got no verdict (their replay could not be made: the audit records say why)",
+        "  3 auditor(s) died before their answer (their interval replayed again by a fresh auditor, a bounded number "
+        "of times)"]
+    assert audit_lines(dict(audit, unaudited_steps=0, auditor_deaths=0)) == audit_lines(audit)
+    assert audit_lines(dict(audit, end_waits=True))[1:] == ["  the trainer finished; the run's end waits for the "
+                                                            "audit's last verdicts"]
     paced = dict(audit, duty=0.08, slowdown=0.05, cost=0.004)
     assert audit_lines(paced)[1] == ("  auditor runs 8% of the time: a running auditor slows the trainer 5.0%, so the "
                                      "audit costs it 0.40% (budget 0.5%)")
@@ -408,3 +421,167 @@ def test_a_month_of_intervals_keeps_the_counts_whole_and_only_the_newest_verdict
         seen(book, 100 * s, 1)
         committed(book, 100 * s, f"/l/model.ckpt-{100 * s}", eligible=True, attempt=1)
     assert len(book.commits) <= QUEUE_MAX * MERGE_MAX + 2, sorted(book.commits)[:8]  # what waits spans, no more
+
+
+def test_an_auditor_that_dies_before_its_answer_has_its_interval_replayed_by_a_fresh_one_a_bounded_number_of_times(
+        ) -> None:
+    """Issue 71's attack: a SIGKILLed auditor (running, or stopped by the duty cycle) left its interval unaudited for
+    good (a hole in --audit every's coverage). Its interval is replayed by a fresh auditor, the answers it already had
+    kept; after RETRIES deaths on one interval it is said once as not audited (its reason, counted), and the wait
+    before each fresh auditor doubles with every death running (any interval), so that an auditor that always dies
+    is no restart storm."""
+    book = _book(steps=(100, 200, 300, 400))
+    assert next_replay(book, False, now=0.0).start == 100
+    killed = Replay((), "", "h", "the auditor was killed by SIGKILL before its answer", auditor=1)
+    assert died(book, killed, now=0.0) is None  # replayed again, by a fresh auditor
+    assert pending(book) and holds(book)[:2] == [100, 200]  # (still waiting: the run's end waits, both ends kept)
+    assert next_replay(book, False, now=0.0) is None  # not at once
+    assert (next_replay(book, False, now=RETRY_SECS).start, book.current.end) == (100, 200)
+    assert replayed(book, Replay((), "aaaa", "h", auditor=2)) is None  # (the first interval: replayed twice)
+    assert died(book, Replay((), "", "h", "killed", auditor=3), now=10.0) is None  # its second replay's auditor dies
+    assert next_replay(book, False, now=10.0 + RETRY_SECS - 0.01) is None  # (an answer came between: one wait)
+    assert next_replay(book, False, now=10.0 + RETRY_SECS).start == 100
+    match = replayed(book, Replay((), "aaaa", "h", auditor=4))
+    assert match.verdict == Verdict.MATCH and [r.auditor for r in match.replays] == [2, 4]  # the answer kept
+    assert book.audited_steps == 100 and book.auditor_deaths == 2
+
+    assert next_replay(book, False, now=20.0).start == 200  # (an answer ended the deaths running: no wait)
+    verdicts = []
+    for n in range(RETRIES + 1):
+        assert next_replay(book, False, now=100.0 * (n + 1)).start == 200
+        verdicts.append(died(book, Replay((), "", "h", f"killed {n}", auditor=5 + n), now=100.0 * (n + 1)))
+        assert book.retry_at == 100.0 * (n + 1) + RETRY_SECS * 2 ** n  # deaths running: the wait doubles
+    assert verdicts[:-1] == [None] * RETRIES  # bounded: then said once, not audited, with its reason
+    gave_up = verdicts[-1]
+    assert gave_up.verdict == Verdict.UNAUDITED and (gave_up.interval.start, gave_up.interval.end) == (200, 300)
+    assert [r.auditor for r in gave_up.replays] == list(range(5, 6 + RETRIES))
+    assert f"no verdict ({RETRIES + 1} auditors died before their answer" in gave_up.line and "killed" in gave_up.line
+    assert book.counts["unaudited"] == 1 and book.unaudited_steps == 100 and book.auditor_deaths == RETRIES + 3
+    assert holds(book) == [200, 300, 400]  # 200-300 let go: the anchor (the newest audited step) and what waits
+    wait = min(RETRY_MAX_SECS, RETRY_SECS * 2 ** RETRIES)  # deaths running: the next auditor waits longer still
+    assert next_replay(book, False, now=100.0 * (RETRIES + 1) + wait - 0.01) is None
+    assert next_replay(book, False, now=100.0 * (RETRIES + 1) + wait).start == 300
+    for n in range(20):  # an auditor that always dies, interval after interval: the waits grow to RETRY_MAX_SECS
+        committed(book, 500 + 100 * n, f"/l/model.ckpt-{500 + 100 * n}", eligible=True)
+        assert next_replay(book, False) is not None
+        died(book, Replay((), "", "h", "killed", auditor=100 + n), now=0.0)
+    assert book.retry_at == RETRY_MAX_SECS and book.counts["unaudited"] > 5
+    finishing = _book(steps=(100, 200))  # the run finishing: no fresh auditor can follow, so no verdict at once
+    next_replay(finishing, False, now=0.0)
+    assert died(finishing, killed, now=0.0, final=True).verdict == Verdict.UNAUDITED
+
+
+def test_a_trainer_verdict_decided_one_interval_later_names_the_interval_it_judges_and_its_replays_and_auditors(
+        ) -> None:
+    """Issue 71's attack: a candidate (two replays agree with each other, not with the trainer, before the program is
+    known to replay exactly) is confirmed by the next interval's match: its verdict's record carried an empty
+    ``differ`` and the later interval's auditors. It names the candidate's interval, replays and auditors."""
+    book = AuditBook(mode=AuditMode.EVERY)
+    for s in (100, 200, 300):
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    next_replay(book, False)
+    replayed(book, Replay(("dense/kernel",), "bbbb", "a1", auditor=1))
+    assert replayed(book, Replay(("dense/kernel",), "bbbb", "a2", auditor=2)).verdict == Verdict.UNDECIDED
+    next_replay(book, False)
+    confirmed = replayed(book, Replay((), "cccc", "a3", auditor=3))
+    assert confirmed.verdict == Verdict.TRAINER and (confirmed.interval.start, confirmed.interval.end) == (100, 200)
+    assert [r.auditor for r in confirmed.replays] == [1, 2], confirmed.replays
+    assert "differing: dense/kernel; steps 200-300 replayed as it ran" in confirmed.line, confirmed.line
+    rec = _record(confirmed, "trainer-host")
+    assert (rec.fields["start"], rec.fields["end"], rec.fields["host"]) == (100, 200, "trainer-host")
+    assert rec.fields["differ"] == ["dense/kernel"] and rec.fields["auditors"] == [1, 2], rec.fields
+    ends = AuditBook(mode=AuditMode.EVERY)  # a candidate left undecided at the run's end: its replays, said why
+    for s in (100, 200):
+        committed(ends, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(ends, Replay(("w",), "bbbb", "a", auditor=7), Replay(("w",), "bbbb", "a", auditor=8))
+    left = _record(ends.ended(), "trainer-host")
+    assert left.fields["auditors"] == [7, 8] and left.fields["differ"] == ["w"], left.fields
+    assert "no verdict" in left.fields["reason"], left.fields
+
+
+class _Ex:
+    """The executor's part the audit uses, over a :class:`Sim`: an auditor's fork spawns it in the view at once."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim, self.forked, self.performed = sim, [], []  # type: ignore[var-annotated]
+        self.defer = False  # a fork asked stays pending (in ``pending``) until the test answers or drops it
+        self.pending: set[int] = set()
+
+    def clock(self) -> float:
+        return self.sim.now
+
+    def fork_auditor(self, attempt: int, extra: dict) -> bool:  # type: ignore[type-arg]
+        self.forked.append((attempt, extra[AUDIT]))
+        if self.defer:
+            self.pending.add(attempt)
+            return True
+        observe.spawned(self.sim.view, AUDITOR, AUDITOR, attempt, 1000 + attempt, self.sim.now, "zygote")
+        return True
+
+    def asking(self, slot: str, attempt: int) -> bool:
+        return slot == AUDITOR and attempt in self.pending
+
+    def pause(self, slot: str, attempt: int, stopped: bool) -> None:
+        pass
+
+    def perform(self, action: object) -> None:
+        self.performed.append(action)
+
+
+def _audited(sim: Sim, steps: tuple[int, ...]) -> tuple[Auditors, _Ex, list[Report]]:
+    """A launch's audit under --audit every over ``sim``'s trainer, which committed ``steps``."""
+    ex, said = _Ex(sim), []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 1, said.extend, lambda msg: None)  # type: ignore[arg-type]
+    for s in steps:
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+    return audits, ex, said
+
+
+def test_the_watchdog_replays_a_killed_auditors_interval_and_its_status_says_the_end_waits_only_once_it_does() -> None:
+    """A SIGKILLed auditor's interval is replayed by a fresh auditor (its wait: RETRY_SECS), said nowhere as a verdict;
+    ``audit.end_waits`` in status.json is false while the trainer runs (intervals waiting or not) and true only while
+    a trainer that finished waits for its last verdicts (the run's end held)."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    audits, ex, said = _audited(sim, (100, 200))
+    audits.round()
+    assert ex.forked == [(1, "100:200")]
+    assert pending(audits.book) and sim.view.findings.audit["end_waits"] is False  # the trainer runs: no end waits
+    sim.dies(AUDITOR, -9)  # SIGKILL, before its answer
+    audits.round()
+    assert [r for r in said if r.event == Event.AUDIT] == [] and ex.forked == [(1, "100:200")]  # no verdict, a wait
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]  # the same interval, by a fresh auditor
+    assert sim.view.findings.audit["auditor_deaths"] == 1
+    sim.dies(TRAINER, 0)  # the trainer finished: its end waits for the interval's verdict
+    audits.round()
+    assert sim.view.findings.audit["end_waits"] is True and of(sim.tick(0.0), Finish) == []
+    for a in (2, 3):
+        audits.heard(AuditResult(1000 + a, a, 100, 200, [], "aaaa", "h"))
+        sim.dies(AUDITOR, 0)
+        audits.round()
+    assert [(r.fields["verdict"], r.fields["auditors"]) for r in said if r.event == Event.AUDIT] == [("match", [2, 3])]
+    assert sim.view.findings.audit["end_waits"] is False and of(sim.tick(0.0), Finish)
+
+
+def test_an_auditor_whose_fork_the_zygote_never_answered_has_its_interval_replayed_not_the_audit_stalled() -> None:
+    """An auditor's fork given up on (the zygote died or stalled before it answered: an auditor comes from the zygote
+    or not at all) started no auditor; the audit waited for it for the rest of the launch (no interval replayed
+    again, a finished trainer's end held the whole END_WAIT_SECS). Its interval is replayed as a dead auditor's."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    audits, ex, said = _audited(sim, (100, 200))
+    ex.defer = True
+    audits.round()
+    assert ex.forked == [(1, "100:200")]
+    audits.round()  # (still asked: nothing)
+    assert ex.forked == [(1, "100:200")] and audits.running == 1
+    ex.pending.clear()  # the zygote died: the fork given up on, no auditor started
+    audits.round()
+    assert audits.running is None and audits.book.auditor_deaths == 1 and [r for r in said if r.event] == []
+    assert any("fork was given up on" in r.say and "a fresh auditor replays them" in r.say for r in said), said
+    ex.defer = False
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]

@@ -324,6 +324,10 @@ class Prewarmed:
         self.forks[(pending.attempt, pending.rank)] = pending
         return True
 
+    def asking(self, slot: str, attempt: int) -> bool:
+        """Whether the start of ``slot``'s ``attempt`` was asked of a zygote and is not answered yet."""
+        return any(p.slot == slot and p.attempt == attempt for p in self.forks.values())
+
     def answered(self) -> list[tuple[PendingFork, Optional[Adopted]]]:
         """The starts asked of the zygote that are done, each with its process, or None where the zygote
         failed, died or is late: then it is given up (not trusted with the next one either) and those

@@ -3,14 +3,16 @@
 Runs in the watchdog, driven by its loop (:class:`~procsv.watchdog.launcher.Watchdog`): every message it
 drains (:meth:`Auditors.heard`: the commits, :class:`~procsv.ipc.messages.SaveResult`, and the auditors'
 :class:`~procsv.ipc.messages.AuditResult`) and every round (:meth:`Auditors.round`: an auditor that ended
-without an answer, the next one to fork). What to replay and what an answer means are
+without an answer: its interval replayed by a fresh auditor, a bounded number of times, after a growing wait; the
+next one to fork). What to replay and what an answer means are
 :mod:`procsv.watchdog.audit.verdict`'s (pure); here they are acted on: an auditor is forked from the zygote
 (never fresh: an auditor is worth only spare CPU), a verdict is recorded (an ``audit`` lifecycle record, a
 line), and a trainer verdict rolls the trainer back as :func:`~procsv.watchdog.audit.verdict.rollback` decides:
 the rollback's bound is noted (:func:`~procsv.watchdog.rules.bookkeeping.note_audit_rollback`:
 ``RunView.rollback_before``, as a group's rollback sets it) and the trainer is SIGKILLed (no emergency
 checkpoint of a wrong state), which rule 1 restarts at once, not as a failure (``Cause.AUDIT``); a trainer that had finished (``--audit every`` waits
-for its last verdicts: ``Findings.audit["end_waits"]``, bounded by ``END_WAIT_SECS``) is restarted the same way.
+for its last verdicts: ``Findings.audit["end_waits"]``, true only while such a trainer waits, bounded by
+``END_WAIT_SECS``) is restarted the same way.
 The checkpoints the audit needs (:func:`~procsv.watchdog.audit.verdict.holds`) are told to the checkpoint
 service (:class:`~procsv.ipc.messages.AuditHold`) whenever they change and whenever a service says hello:
 retention keeps them. So are, at a rollback and at each late commit of the timeline rolled back, the
@@ -31,12 +33,13 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           end_wait, holds, late, next_replay, pending, replayed, rollback, rolled_back,
-                                           seen, wrong_timeline)
+                                           died, end_wait, holds, late, next_replay, pending, replayed, rollback,
+                                           rolled_back, seen, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.actions import Cause, Kill
+from procsv.watchdog.rules.failures import describe
 from procsv.watchdog.rules.state import AUDITOR, TRAINER, ChildView, RunView
 
 
@@ -57,7 +60,7 @@ class Auditors:
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
         self.quarantined: list[AuditQuarantine] = []  # the wrong timelines' checkpoints told to it (again at its Hello)
         self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
-        self.end_waits = False  # a finished trainer's end waits for the audit (judge reads it in Findings.audit)
+        self.end_waits = False  # a trainer that finished waits for the audit: the run's end held (judge reads it)
         self.duty = duty.DutyCycle()
         self.dropped_steps = 0  # the steps of intervals dropped unreplayed (--audit every: a hole)
         self.said_dropped = False
@@ -94,7 +97,7 @@ class Auditors:
             self.book.session_ended(msg.step)  # (again: its step's save came first; the session ended there all the same)
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
             self.answered = True
-            self._judge(Replay(tuple(msg.differ), msg.digest, msg.host, msg.error))
+            self._judge(Replay(tuple(msg.differ), msg.digest, msg.host, msg.error, msg.attempt))
         elif isinstance(msg, Hello) and msg.role == Role.CHECKPOINT:
             self.held = None
             for wrong in self.quarantined:  # (one the DEALER dropped, or that a service killed mid-way never did;
@@ -102,15 +105,24 @@ class Auditors:
         self._hold()
 
     def round(self) -> None:
-        """An auditor that ended without answering is an answer with an error; then the next auditor, if one
-        is due and the zygote can fork it while the run goes on (or while a finished trainer waits for it)."""
+        """An auditor that ended without answering: killed or crashed (or its fork from the zygote given up on, no
+        auditor started), its interval is replayed by a fresh auditor (:func:`~procsv.watchdog.audit.verdict.died`); exited 0 (the program ended before its replay began), an answer
+        with an error. Then the next auditor, if one is due and the zygote can fork it while the run goes on (or while
+        a finished trainer waits for it)."""
         if self.book.mode == AuditMode.OFF:
             return
         child = self.view.children.get(AUDITOR)
+        if self.running is not None and (child is None or child.attempt != self.running) \
+                and not self.ex.asking(AUDITOR, self.running):  # its fork was given up on (the zygote died, stalled)
+            self._died(Replay((), "", self.host, "the auditor's fork was given up on (the pre-warmed trainer died or "
+                                                 "stalled)", self.running))
+            self.running = None
         if self.running is not None and child is not None and child.attempt == self.running and not child.live:
-            if not self.answered:
-                code = child.exit_code if child.exit_code is not None else "a signal"
-                self._judge(Replay((), "", self.host, f"the auditor ended with {code} before its answer"))
+            if not self.answered and child.exit_code == 0:
+                self._judge(Replay((), "", self.host, "the auditor exited with 0 before its answer", self.running))
+            elif not self.answered:
+                how = describe(child.exit_code) if child.exit_code is not None else "died"
+                self._died(Replay((), "", self.host, f"the auditor {how} before its answer", self.running))
             self.running = None
         self._hold()
         self._pace(child)
@@ -119,7 +131,7 @@ class Auditors:
         trainer = self.view.children.get(TRAINER)
         if trainer is None or not (trainer.live or self.end_waits):
             return  # (a trainer being restarted: its zygote's fork first)
-        interval = next_replay(self.book, auditor_running=False)
+        interval = next_replay(self.book, auditor_running=False, now=self.ex.clock())
         if interval is None:
             return
         if self.ex.fork_auditor(self.attempt + 1, {AUDIT: f"{interval.start}:{interval.end}"}):
@@ -176,9 +188,9 @@ class Auditors:
         if done is not None and not pending(self.book) and self.running is None:
             undecided = self.book.ended()  # (no interval after it will come: no verdict, nothing rolled back)
             if undecided is not None:
-                self.report([_record(undecided, self.host, self.attempt)])
+                self.report([_record(undecided, self.host)])
         now = self.ex.clock()
-        wait = end_wait(self.book, done.ended_at or now, now) if done is not None else pending(self.book)
+        wait = done is not None and end_wait(self.book, done.ended_at or now, now)  # (a running trainer's end: not yet)
         if done is not None and not wait and pending(self.book) and not self.gave_up:
             self.gave_up = True
             self.report([Report(say=f"procsv: audit: the trainer finished; its last interval(s) got no verdict "
@@ -198,12 +210,12 @@ class Auditors:
                                                         if len(replay.differ) > 3 else "")
                 self.report([Report(Event.AUDIT, {"verdict": "mismatch", "start": interval.start, "end": interval.end,
                                                   "host": replay.host, "differ": list(replay.differ),
-                                                  "auditors": [self.attempt], "reason": None},
+                                                  "auditors": [replay.auditor], "reason": None},
                                     say=f"procsv: audit: a replay of steps {interval.start}-{interval.end} differs from "
                                         f"the trainer's checkpoint ({names}); a second replay by a fresh auditor "
                                         "decides", err=True)])
             return
-        self.report([_record(judged, self.host, self.attempt)])
+        self.report([_record(judged, self.host)])
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
@@ -228,6 +240,19 @@ class Auditors:
         self._hold()
         self._publish()
 
+    def _died(self, replay: Replay) -> None:
+        """The auditor of the interval being replayed died before its answer: a fresh auditor replays it (said), or
+        after too many deaths on it (or the run finishing) its verdict, not audited (said once, counted)."""
+        interval = self.book.current
+        judged = died(self.book, replay, self.ex.clock(), final=self.view.finishing)
+        self._publish()
+        if judged is not None:
+            self.report([_record(judged, self.host)])
+        elif interval is not None:
+            self.report([Report(say=f"procsv: audit: {replay.error} (steps {interval.start}-{interval.end}); a fresh "
+                                    f"auditor replays them in {self.book.retry_at - self.ex.clock():.1f} s"
+                                    if self.book.retry_at is not None else "", err=True)])
+
     def _quarantine(self, wrong: AuditQuarantine) -> None:
         """Tell the checkpoint service to quarantine a wrong timeline's checkpoints; its record and line."""
         self.tell(wrong)
@@ -247,23 +272,26 @@ class Auditors:
         self.view.findings.audit = {} if book.mode == AuditMode.OFF else {
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
             "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
-            "dropped_steps": self.dropped_steps,
+            "dropped_steps": self.dropped_steps, "unaudited_steps": book.unaudited_steps,
+            "auditor_deaths": book.auditor_deaths,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
             "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(
                 self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
 
 
-def _record(judged: Judged, host: str, attempt: int) -> Report:
-    """The ``audit`` lifecycle record of a verdict, with its line (none for a plain match)."""
-    first = judged.replays[0] if judged.replays else Replay((), "", host)  # (no replays: a candidate left undecided)
+def _record(judged: Judged, host: str) -> Report:
+    """The ``audit`` lifecycle record of a verdict, with its line (none for a plain match): the interval it judges,
+    the tensors its first replay found differing, and the auditors whose replays (or deaths) it rests on."""
+    first = judged.replays[0] if judged.replays else Replay((), "", host)
     named = host if judged.verdict == Verdict.TRAINER else \
         ", ".join(sorted({r.host for r in judged.replays})) if judged.verdict == Verdict.AUDITOR else None
+    errors = [r.error for r in judged.replays if r.error]
     said = judged.line.removeprefix("procsv: audit: ") if judged.verdict in (
-        Verdict.NONDETERMINISTIC, Verdict.AUDITOR, Verdict.UNDECIDED) or not judged.replays else None
-    reason = (judged.replays[-1].error if judged.replays else "") or said
+        Verdict.NONDETERMINISTIC, Verdict.AUDITOR, Verdict.UNDECIDED) or (
+        judged.verdict == Verdict.UNAUDITED and len(errors) != 1) else None  # (one replay's error: it is the reason)
+    reason = said or (errors[-1] if errors else None)
     return Report(Event.AUDIT, {"verdict": judged.verdict.value, "start": judged.interval.start,
                                 "end": judged.interval.end, "host": named, "differ": list(first.differ),
-                                "auditors": list(range(attempt - len(judged.replays) + 1, attempt + 1)),
-                                "reason": reason},
+                                "auditors": [r.auditor for r in judged.replays], "reason": reason},
                   say=judged.line.format(host=host), err=judged.verdict != Verdict.MATCH)

@@ -29,6 +29,14 @@ the program's replay from a checkpoint is not its trainer's, and the audit switc
 (:attr:`Verdict.NONDETERMINISTIC`). A trainer that ends with a candidate undecided gets no verdict
 (:meth:`AuditBook.ended`).
 
+An auditor that dies before its answer (SIGKILLed, running or stopped by its duty cycle; killed by the OOM killer;
+crashed) says nothing of its interval: :func:`died` has it replayed again by a fresh auditor, the answers it already
+had kept, at most :data:`RETRIES` times; then it is said once as not audited (:attr:`Verdict.UNAUDITED`, with the
+deaths' reasons, its steps counted in :attr:`AuditBook.unaudited_steps`). Each fresh auditor after a death waits
+:data:`RETRY_SECS`, doubled with every death running (on any interval; an answer ends the run of deaths), at most
+:data:`RETRY_MAX_SECS`: an auditor that dies on every interval is no restart storm. A replay that answered with an
+error (a checkpoint gone, the program ended short) is not replayed again: another would say the same.
+
 A rollback leaves the checkpoints the wrong timeline committed after S1 (S2 and every later one: each holds a
 state derived from the wrong one). Where the new timeline commits the same steps again it rewrites them in
 place; time-based saves (``save_model_secs``) land on other steps, and the wrong ones would stay, listed in the
@@ -55,6 +63,9 @@ SAMPLE_EVERY = 16  # --audit sampled: one committed interval in 16 (after the la
 UNSUPPORTED = "not audited in this slice"  # (procsv.trainer.audit.replay.UNSUPPORTED: a kind of program, not an interval)
 QUEUE_MAX = 3  # intervals waiting for an auditor; past it, two are merged (--audit every) or the oldest dropped
 RECENT = 64  # the verdicts kept (their counts are kept whole)
+RETRIES = 2  # a dead auditor's interval is replayed again by a fresh auditor at most this many times (then: unaudited)
+RETRY_SECS = 1.0  # the wait before a fresh auditor after one died; doubled with every death running (any interval)
+RETRY_MAX_SECS = 60.0  # ... at most this
 MERGE_MAX = 8  # a merged interval is at most this many times the longest commit interval waiting (past it: the oldest dropped)
 
 
@@ -106,12 +117,13 @@ class Interval:
 class Replay:
     """One auditor's answer (an :class:`~procsv.ipc.messages.AuditResult`, as the verdict reads it):
     the tensors that differ from the trainer's checkpoint ``end``, a digest of its whole replayed state,
-    its host, and why it could not replay (empty: it did)."""
+    its host, why it could not replay (empty: it did), and the auditor's attempt (0: not said)."""
 
     differ: tuple[str, ...]
     digest: str
     host: str
     error: str = ""
+    auditor: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,12 @@ class AuditBook:
     last_final: bool = False  # :attr:`last` was a session's final commit
     exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
     candidate: Optional[Interval] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided
+    candidate_replays: tuple[Replay, ...] = ()  # the candidate's replays (its verdict, one interval later, rests on them)
+    lost: list[Replay] = field(default_factory=list)  # :attr:`current`'s auditors that died before their answer
+    deaths: int = 0  # auditors dead before their answer since the last answer (any interval): the wait before the next
+    retry_at: Optional[float] = None  # no auditor before this time (a death's wait; None: none)
+    auditor_deaths: int = 0  # the auditors of the launch that died before their answer
+    unaudited_steps: int = 0  # the steps of the intervals judged :attr:`Verdict.UNAUDITED` (no replay could be made)
     commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
     rollbacks: list[AuditQuarantine] = field(default_factory=list)  # each rollback's quarantine (its steps: at the time)
 
@@ -203,17 +221,39 @@ class AuditBook:
         waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
         checkpoint, which the audit holds: its steps trained again are audited too)."""
         self.queue, self.last, self.last_final = [], (judged.interval.start, judged.interval.start_path), False
-        self.last_attempt, self.candidate = None, None  # (the restarted trainer begins there: its next interval is resumed)
+        self.last_attempt, self.candidate, self.candidate_replays = None, None, ()  # (the restarted trainer begins there: its next interval is resumed)
 
-    def next_replay(self, auditor_running: bool) -> Optional[Interval]:
-        """The interval an auditor should replay now (None: one runs, or nothing waits, or the audit is off)."""
+    def next_replay(self, auditor_running: bool, now: Optional[float] = None) -> Optional[Interval]:
+        """The interval an auditor should replay at ``now`` (None: one runs, or nothing waits, or the audit is off, or
+        an auditor died and the next waits until :attr:`retry_at`; ``now`` None: no such wait applies)."""
         if auditor_running or self.off or self.mode == AuditMode.OFF:
+            return None
+        if self.retry_at is not None and now is not None and now < self.retry_at:
             return None
         if self.current is None:
             if not self.queue:
                 return None
-            self.current, self.queue, self.answers = self.queue[0], self.queue[1:], []
+            self.current, self.queue, self.answers, self.lost = self.queue[0], self.queue[1:], [], []
         return self.current
+
+    def died(self, replay: Replay, now: float, final: bool = False) -> Optional[Judged]:
+        """The auditor of :attr:`current` ended at ``now`` without an answer (``replay``: its ``error`` says how): None,
+        the interval is replayed again by a fresh auditor (:meth:`next_replay`, after the wait); or, after
+        :data:`RETRIES` such deaths on it (or at once if ``final``: no auditor can follow, the run is finishing), its
+        verdict: not audited, with the deaths' reasons."""
+        interval = self.current
+        if interval is None:
+            return None
+        self.lost.append(replay)
+        self.auditor_deaths += 1
+        self.deaths += 1
+        self.retry_at = now + min(RETRY_MAX_SECS, RETRY_SECS * 2 ** (self.deaths - 1))
+        if not final and len(self.lost) <= RETRIES:
+            return None
+        why = "; ".join(dict.fromkeys(r.error for r in self.lost))
+        return self._close(Judged(Verdict.UNAUDITED, interval, (*self.answers, *self.lost),
+                                  f"procsv: audit of steps {interval.start}-{interval.end}: no verdict "
+                                  f"({len(self.lost)} auditor{'s' if len(self.lost) > 1 else ''} died before their answer: {why})"))
 
     def replayed(self, replay: Replay) -> Optional[Judged]:
         """An auditor's answer on :attr:`AuditBook.current`: a verdict, or None when a second replay is due
@@ -221,6 +261,7 @@ class AuditBook:
         interval = self.current
         if interval is None:
             return None
+        self.deaths, self.retry_at = 0, None  # (an answer: the auditors do not die on every interval)
         answers = self.answers = [*self.answers, replay]
         if replay.error and UNSUPPORTED in replay.error:  # every interval would say it again: once, and off
             self.off = f"{replay.error}; audit off for this launch"
@@ -236,8 +277,9 @@ class AuditBook:
         candidate = self.candidate
         if len(answers) == 1 or (first.digest == replay.digest and not replay.differ):
             if candidate is not None and not interval.resumed:  # the program replays exactly: the candidate was the trainer's
-                self.exact, self.candidate = True, None
-                return self._trainer(candidate, tuple(answers), replay.differ or ("(the interval before)",),
+                judged = self.candidate_replays  # (the verdict is the candidate's: its interval, its replays)
+                self.exact, self.candidate, self.candidate_replays = True, None, ()
+                return self._trainer(candidate, judged, judged[-1].differ if judged else (),
                                      f"; {span} replayed as it ran, so the program's steps replay exactly")
             self.exact = self.exact or not interval.resumed
             self.audited_steps += interval.steps
@@ -247,12 +289,12 @@ class AuditBook:
             if interval.resumed or self.exact:
                 return self._trainer(interval, tuple(answers), replay.differ, "")
             if candidate is None:  # undecided until the next interval the trainer ran on (see the module's docstring)
-                self.candidate = interval
+                self.candidate, self.candidate_replays = interval, tuple(answers)
                 return self._close(Judged(Verdict.UNDECIDED, interval, tuple(answers),
                                            f"procsv: audit: two replays of {span} agree with each other, not with the "
                                            f"trainer's checkpoint: the next interval tells the trainer's fault from a "
                                            f"program whose steps do not replay from a checkpoint; nothing rolled back yet"))
-            self.candidate = None
+            self.candidate, self.candidate_replays = None, ()
             self.off = (f"two replays agree with each other and not with the trainer in two intervals running "
                         f"(steps {candidate.start}-{candidate.end}, {span}): the program's steps do not replay from a "
                         "checkpoint as its trainer ran them (state no checkpoint holds: random numbers of a seeded "
@@ -282,10 +324,10 @@ class AuditBook:
         """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no
         candidate). Nothing is rolled back: no later interval could tell a fault from a program that does not
         replay."""
-        interval, self.candidate = self.candidate, None
+        interval, replays, self.candidate, self.candidate_replays = self.candidate, self.candidate_replays, None, ()
         if interval is None:
             return None
-        judged = Judged(Verdict.UNAUDITED, interval, (), f"procsv: audit of steps {interval.start}-{interval.end}: no "
+        judged = Judged(Verdict.UNAUDITED, interval, replays, f"procsv: audit of steps {interval.start}-{interval.end}: no "
                         "verdict (its replays differ from the trainer's checkpoint and the run ended before an interval "
                         "after it told a fault from a program that does not replay exactly); nothing rolled back")
         self._keep(judged)
@@ -294,9 +336,11 @@ class AuditBook:
     def _keep(self, judged: Judged) -> None:
         self.verdicts = [*self.verdicts[-(RECENT - 1):], judged]
         self.counts[judged.verdict.value] = self.counts.get(judged.verdict.value, 0) + 1
+        if judged.verdict == Verdict.UNAUDITED:
+            self.unaudited_steps += judged.interval.steps
 
     def _close(self, judged: Judged) -> Judged:
-        self.current, self.answers = None, []
+        self.current, self.answers, self.lost = None, [], []
         self._keep(judged)
         return judged
 
@@ -364,9 +408,14 @@ def rolled_back(book: AuditBook, judged: Judged) -> None:
     return book.rolled_back(judged)
 
 
-def next_replay(book: AuditBook, auditor_running: bool) -> Optional[Interval]:
+def next_replay(book: AuditBook, auditor_running: bool, now: Optional[float] = None) -> Optional[Interval]:
     """:meth:`AuditBook.next_replay`."""
-    return book.next_replay(auditor_running)
+    return book.next_replay(auditor_running, now)
+
+
+def died(book: AuditBook, replay: Replay, now: float, final: bool = False) -> Optional[Judged]:
+    """:meth:`AuditBook.died`."""
+    return book.died(replay, now, final)
 
 
 def replayed(book: AuditBook, replay: Replay) -> Optional[Judged]:

@@ -91,8 +91,10 @@ audit                  verdict, start, end, host, differ, auditors, reason
                        (--audit, issue 71: the verdict on the committed interval start-end: match | trainer (two
                        replays agree, not with the trainer: the trainer on ``host`` computed wrongly, it restores
                        step start) | auditor (the replays disagree: the auditors' ``host``) | nondeterministic (the
-                       audit switches off, ``reason``) | unaudited (no replay could be made, ``reason``); differ:
-                       the tensors that differ; auditors: the auditor attempts it rests on)
+                       audit switches off, ``reason``) | unaudited (no replay could be made, or its auditors died
+                       before their answer RETRIES + 1 times, ``reason``) | undecided (the next interval decides);
+                       differ: the tensors the judged interval's first replay found differing; auditors: the
+                       attempts of the auditors whose replays (or deaths) it rests on, the judged interval's)
 audit_quarantine       after, attempt, steps, reason
                        (--audit: the checkpoints of a timeline an audit rolled back, committed after step ``after``
                        by trainer ``attempt`` or an earlier one, told to the checkpoint service to quarantine)
