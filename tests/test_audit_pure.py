@@ -21,7 +21,8 @@ from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, 
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
-from procsv.watchdog.rules.actions import Finish, Restart
+from procsv.watchdog.audit import stillness
+from procsv.watchdog.rules.actions import Cause, Finish, Kill, Restart
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.rules.state import AUDITOR, TRAINER
 
@@ -55,7 +56,7 @@ def test_two_replays_that_agree_with_each_other_and_not_with_the_trainer_roll_it
     assert "{host}" in judged.line and "rolling back to step 100" in judged.line
     committed(book, 300, "/l/model.ckpt-300", eligible=True)  # (a commit of the rolled-back timeline)
     rolled_back(book, judged)
-    assert book.queue == [] and book.last == (100, "/l/model.ckpt-100")
+    assert book.queue == [] and (book.last.step, book.last.path) == (100, "/l/model.ckpt-100")
     committed(book, 200, "/l/model.ckpt-200", eligible=True)  # trained again from step 100: audited again
     assert [(i.start, i.end) for i in book.queue] == [(100, 200)]
 
@@ -443,20 +444,20 @@ def test_an_auditor_that_dies_before_its_answer_has_its_interval_replayed_by_a_f
     assert next_replay(book, False, now=10.0 + RETRY_SECS).start == 100
     match = replayed(book, Replay((), "aaaa", "h", auditor=4))
     assert match.verdict == Verdict.MATCH and [r.auditor for r in match.replays] == [2, 4]  # the answer kept
-    assert book.audited_steps == 100 and book.auditor_deaths == 2
+    assert book.audited_steps == 100 and book.deaths.total == 2
 
     assert next_replay(book, False, now=20.0).start == 200  # (an answer ended the deaths running: no wait)
     verdicts = []
     for n in range(RETRIES + 1):
         assert next_replay(book, False, now=100.0 * (n + 1)).start == 200
         verdicts.append(died(book, Replay((), "", "h", f"killed {n}", auditor=5 + n), now=100.0 * (n + 1)))
-        assert book.retry_at == 100.0 * (n + 1) + RETRY_SECS * 2 ** n  # deaths running: the wait doubles
+        assert book.deaths.retry_at == 100.0 * (n + 1) + RETRY_SECS * 2 ** n  # deaths running: the wait doubles
     assert verdicts[:-1] == [None] * RETRIES  # bounded: then said once, not audited, with its reason
     gave_up = verdicts[-1]
     assert gave_up.verdict == Verdict.UNAUDITED and (gave_up.interval.start, gave_up.interval.end) == (200, 300)
     assert [r.auditor for r in gave_up.replays] == list(range(5, 6 + RETRIES))
     assert f"no verdict ({RETRIES + 1} auditors died before their answer" in gave_up.line and "killed" in gave_up.line
-    assert book.counts["unaudited"] == 1 and book.unaudited_steps == 100 and book.auditor_deaths == RETRIES + 3
+    assert book.counts["unaudited"] == 1 and book.unaudited_steps == 100 and book.deaths.total == RETRIES + 3
     assert holds(book) == [200, 300, 400]  # 200-300 let go: the anchor (the newest audited step) and what waits
     wait = min(RETRY_MAX_SECS, RETRY_SECS * 2 ** RETRIES)  # deaths running: the next auditor waits longer still
     assert next_replay(book, False, now=100.0 * (RETRIES + 1) + wait - 0.01) is None
@@ -465,7 +466,7 @@ def test_an_auditor_that_dies_before_its_answer_has_its_interval_replayed_by_a_f
         committed(book, 500 + 100 * n, f"/l/model.ckpt-{500 + 100 * n}", eligible=True)
         assert next_replay(book, False) is not None
         died(book, Replay((), "", "h", "killed", auditor=100 + n), now=0.0)
-    assert book.retry_at == RETRY_MAX_SECS and book.counts["unaudited"] > 5
+    assert book.deaths.retry_at == RETRY_MAX_SECS and book.counts["unaudited"] > 5
     finishing = _book(steps=(100, 200))  # the run finishing: no fresh auditor can follow, so no verdict at once
     next_replay(finishing, False, now=0.0)
     assert died(finishing, killed, now=0.0, final=True).verdict == Verdict.UNAUDITED
@@ -506,6 +507,7 @@ class _Ex:
         self.sim, self.forked, self.performed = sim, [], []  # type: ignore[var-annotated]
         self.defer = False  # a fork asked stays pending (in ``pending``) until the test answers or drops it
         self.pending: set[int] = set()
+        self.cpu: dict[int, float] = {}  # each auditor's CPU seconds (0: it uses none)
 
     def clock(self) -> float:
         return self.sim.now
@@ -523,6 +525,9 @@ class _Ex:
 
     def pause(self, slot: str, attempt: int, stopped: bool) -> None:
         pass
+
+    def cpu_secs(self, slot: str, attempt: int) -> float:
+        return self.cpu.get(attempt, 0.0)
 
     def perform(self, action: object) -> None:
         self.performed.append(action)
@@ -579,9 +584,65 @@ def test_an_auditor_whose_fork_the_zygote_never_answered_has_its_interval_replay
     assert ex.forked == [(1, "100:200")] and audits.running == 1
     ex.pending.clear()  # the zygote died: the fork given up on, no auditor started
     audits.round()
-    assert audits.running is None and audits.book.auditor_deaths == 1 and [r for r in said if r.event] == []
+    assert audits.running is None and audits.book.deaths.total == 1 and [r for r in said if r.event] == []
     assert any("fork was given up on" in r.say and "a fresh auditor replays them" in r.say for r in said), said
     ex.defer = False
     sim.now += RETRY_SECS
     audits.round()
     assert ex.forked == [(1, "100:200"), (2, "100:200")]
+
+
+def test_an_auditor_let_run_with_no_cpu_used_is_hung_its_stopped_time_not_counted_and_a_starved_one_never() -> None:
+    """Stillness.heard: an auditor whose CPU does not move for HUNG_SECS of the time it was let run is hung; the time
+    the duty cycle kept it stopped (a switch at any moment between two readings) counts for nothing; a starved one
+    whose CPU moves a little (SCHED_IDLE beside busy processes: 0.06 s in 12 s measured) is never hung."""
+    s, t = stillness.Stillness(), 0.0
+    assert s.heard(t, 1, 2.0, True) is None  # (the first reading)
+    while t < stillness.HUNG_SECS - 1:
+        t += 1.0
+        assert s.heard(t, 1, 2.0, True) is None
+    t += 1.0
+    assert "used no CPU in 60 s of running" in (s.heard(t, 1, 2.0, True) or ""), s
+    paused = stillness.Stillness()  # let run 1 s of every 5 (from 5m + 1.5 to 5m + 2.5), read every second
+    paused.heard(0.0, 1, 2.0, False)
+    for k in range(1, 201):
+        if k % 5 in (2, 3):
+            paused.switched(k - 0.5)
+        assert paused.heard(float(k), 1, 2.0, k % 5 == 2) is None, (k, paused)
+    assert paused.still == 20.0, paused  # (40 s let run: half of each counted, the half before a switch's reading)
+    starved = stillness.Stillness()
+    for k in range(600):
+        assert starved.heard(float(k), 1, 2.0 + 0.005 * k, True) is None
+    fresh = stillness.Stillness()  # another auditor: counted afresh
+    fresh.heard(0.0, 1, 2.0, True)
+    fresh.heard(50.0, 1, 2.0, True)
+    assert fresh.heard(100.0, 2, 2.0, True) is None and fresh.still == 0.0
+
+
+def test_the_watchdog_kills_a_hung_auditor_and_has_its_interval_replayed_by_a_fresh_one() -> None:
+    """An auditor that never answers and never dies (a deadlock: it uses no CPU) held the audit for the rest of the
+    launch, a finished trainer's end the whole END_WAIT_SECS (helper-102's finding). It is SIGKILLed once it has run
+    HUNG_SECS without CPU (its duty cycle's stops not counted), and its interval replayed by a fresh auditor, the hang
+    said as its death's reason."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    audits, ex, said = _audited(sim, (100, 200))
+    audits.round()
+    assert ex.forked == [(1, "100:200")]
+    ex.cpu[1] = 3.0
+    for _ in range(8 * int(stillness.HUNG_SECS)):  # the trainer trains: the duty cycle stops it half the time
+        sim.now += 0.5
+        audits.round()
+        if ex.performed:
+            break
+    assert ex.performed == [Kill(AUDITOR, 1, Cause.AUDIT, ex.performed[0].reason)], ex.performed
+    assert "used no CPU" in ex.performed[0].reason and sim.now >= 2 * stillness.HUNG_SECS, sim.now  # (stops not counted)
+    audits.round()
+    assert len(ex.performed) == 1  # (killed once)
+    sim.dies(AUDITOR, -9)
+    audits.round()
+    assert any("used no CPU" in r.say and "a fresh auditor replays them" in r.say for r in said), said
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")] and sim.view.findings.audit["auditor_deaths"] == 1
+

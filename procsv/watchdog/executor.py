@@ -334,6 +334,18 @@ class Executor(Prewarmed):
         if handle is not None:
             handle.send_signal(signal.SIGSTOP if stopped else signal.SIGCONT)
 
+    def cpu_secs(self, slot: str, attempt: int) -> Optional[float]:
+        """The CPU seconds (user and system, every thread) this host's child ``attempt`` of ``slot`` has used; None: no
+        such child here, or it is gone (the audit's :mod:`~procsv.watchdog.audit.stillness` reads its auditor's)."""
+        handle = self.handles.get((slot, attempt))
+        if handle is None:
+            return None
+        try:
+            used = psutil.Process(handle.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return float(used.user + used.system)
+
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);
         False: start it fresh (a zygote the request failed on is given up)."""

@@ -32,10 +32,12 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, NoReturn, Optional
 
 import zmq
 
+from procsv.common import faults
 from procsv.common.bootstrap import ChildContext
 from procsv.common.errors import ProcsvError
 from procsv.common.layout import Layout
@@ -134,6 +136,8 @@ class AuditReplay:
             except (ProcsvError, OSError) as exc:
                 self._answer([], "", f"{type(exc).__name__}: {exc}")
         print(f"procsv: auditor restored step {self.start}; replaying to step {self.end_step}", flush=True)
+        if faults.fires("auditor", "hang"):  # tests only: a replay blocked for good, using no CPU (a deadlock)
+            threading.Event().wait()
 
     def claim(self, state: Any) -> None:
         """Own the session's step boundary: nothing before step S2 (no snapshot, no summary, no progress)."""

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
-from procsv.watchdog.audit import duty
+from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
                                            died, end_wait, holds, late, next_replay, pending, replayed, rollback,
                                            rolled_back, seen, wrong_timeline)
@@ -65,6 +65,8 @@ class Auditors:
         self.dropped_steps = 0  # the steps of intervals dropped unreplayed (--audit every: a hole)
         self.said_dropped = False
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
+        self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
+        self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
         self._publish()
 
     def heard(self, msg: Message) -> None:
@@ -84,7 +86,7 @@ class Auditors:
             trainer = self.view.children.get(TRAINER)
             if late(self.book, msg.attempt) or (msg.attempt and trainer is not None and msg.attempt < trainer.attempt):
                 return  # a late commit of an attempt that is gone (a rolled-back one's, say): no interval of its
-            last = self.book.last[0] if self.book.last is not None else msg.step
+            last = self.book.last.step if self.book.last is not None else msg.step
             eligible = self.world == 1 and not any(last < s <= msg.step for s in self.view.skipped_steps)
             # the step its attempt began at (its TrainerReady's): an interval from there replays a fresh start
             began = trainer.restored_step if trainer is not None and trainer.attempt == msg.attempt \
@@ -122,9 +124,10 @@ class Auditors:
                 self._judge(Replay((), "", self.host, "the auditor exited with 0 before its answer", self.running))
             elif not self.answered:
                 how = describe(child.exit_code) if child.exit_code is not None else "died"
-                self._died(Replay((), "", self.host, f"the auditor {how} before its answer", self.running))
-            self.running = None
+                self._died(Replay((), "", self.host, self.hung or f"the auditor {how} before its answer", self.running))
+            self.running, self.hung = None, None
         self._hold()
+        self._watch(child)
         self._pace(child)
         if self.view.finishing or self.running is not None:
             return
@@ -157,6 +160,20 @@ class Auditors:
                                     "in status.json's audit.dropped_steps", err=True)])
         self._publish()
 
+    def _watch(self, child: Optional[ChildView]) -> None:
+        """Read the running auditor's CPU when due; SIGKILL it if :meth:`~procsv.watchdog.audit.stillness.Stillness.heard` finds
+        it hung (its death then has its interval replayed by a fresh auditor, the hang its reason)."""
+        now = self.ex.clock()
+        live = child is not None and child.live and child.attempt == self.running and not self.answered
+        if self.hung is not None or (live and not self.still.due(now)):
+            return
+        attempt = child.attempt if live and child is not None else None
+        cpu = self.ex.cpu_secs(AUDITOR, attempt) if attempt is not None else None
+        why = self.still.heard(now, attempt, cpu, self.stopped is None)
+        if why is not None and attempt is not None:
+            self.hung = why
+            self.ex.perform(Kill(AUDITOR, attempt, Cause.AUDIT, why))
+
     def _pace(self, child: Optional[ChildView]) -> None:
         """Stop or continue the auditor as the duty cycle says (it runs free while the trainer does not train)."""
         trainer = self.view.children.get(TRAINER)
@@ -169,6 +186,7 @@ class Auditors:
         assert child is not None
         if run == (self.stopped == child.attempt):  # (stopped and to run, or running and to stop)
             self.ex.pause(AUDITOR, child.attempt, stopped=not run)
+            self.still.switched(self.ex.clock())
             self.stopped = None if run else child.attempt
             self._publish()
 
@@ -250,8 +268,8 @@ class Auditors:
             self.report([_record(judged, self.host)])
         elif interval is not None:
             self.report([Report(say=f"procsv: audit: {replay.error} (steps {interval.start}-{interval.end}); a fresh "
-                                    f"auditor replays them in {self.book.retry_at - self.ex.clock():.1f} s"
-                                    if self.book.retry_at is not None else "", err=True)])
+                                    f"auditor replays them in {self.book.deaths.retry_at - self.ex.clock():.1f} s"
+                                    if self.book.deaths.retry_at is not None else "", err=True)])
 
     def _quarantine(self, wrong: AuditQuarantine) -> None:
         """Tell the checkpoint service to quarantine a wrong timeline's checkpoints; its record and line."""
@@ -273,7 +291,7 @@ class Auditors:
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
             "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
             "dropped_steps": self.dropped_steps, "unaudited_steps": book.unaudited_steps,
-            "auditor_deaths": book.auditor_deaths,
+            "auditor_deaths": book.deaths.total,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
             "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(

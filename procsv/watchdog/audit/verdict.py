@@ -32,7 +32,7 @@ the program's replay from a checkpoint is not its trainer's, and the audit switc
 An auditor that dies before its answer (SIGKILLed, running or stopped by its duty cycle; killed by the OOM killer;
 crashed) says nothing of its interval: :func:`died` has it replayed again by a fresh auditor, the answers it already
 had kept, at most :data:`RETRIES` times; then it is said once as not audited (:attr:`Verdict.UNAUDITED`, with the
-deaths' reasons, its steps counted in :attr:`AuditBook.unaudited_steps`). Each fresh auditor after a death waits
+deaths' reasons, its steps counted in :attr:`AuditBook.unaudited_steps`; the deaths: :class:`Deaths`). Each fresh auditor after a death waits
 :data:`RETRY_SECS`, doubled with every death running (on any interval; an answer ends the run of deaths), at most
 :data:`RETRY_MAX_SECS`: an auditor that dies on every interval is no restart storm. A replay that answered with an
 error (a checkpoint gone, the program ended short) is not replayed again: another would say the same.
@@ -52,7 +52,7 @@ One concern: the audit's decisions, from the commits it hears to what a verdict 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from procsv.ipc.messages import AuditQuarantine
@@ -141,6 +141,44 @@ class Judged:
         return self.interval.start + 1 if self.verdict == Verdict.TRAINER else None
 
 
+@dataclass(frozen=True)
+class Newest:
+    """The newest commit seen: its step and path, the trainer attempt that committed it (None: unknown, or a
+    rollback's start), and whether it was a session's final commit."""
+
+    step: int
+    path: str
+    attempt: Optional[int] = None
+    final: bool = False
+
+
+@dataclass
+class Deaths:
+    """The auditors that died before their answer: the interval being replayed's (their replays, :attr:`lost`), the
+    deaths running (since the last answer, on any interval: the wait before the next auditor), when the next may
+    start, and the launch's count."""
+
+    lost: list[Replay] = field(default_factory=list)
+    running: int = 0
+    retry_at: Optional[float] = None  # no auditor before this time (None: no wait)
+    total: int = 0
+
+    def died(self, replay: Replay, now: float) -> None:
+        """An auditor died at ``now``: the next waits :data:`RETRY_SECS`, doubled with every death running."""
+        self.lost.append(replay)
+        self.total += 1
+        self.running += 1
+        self.retry_at = now + min(RETRY_MAX_SECS, RETRY_SECS * 2 ** (self.running - 1))
+
+    def answered(self) -> None:
+        """An auditor answered: the auditors do not die on every interval; no wait."""
+        self.running, self.retry_at = 0, None
+
+    def forget(self) -> None:
+        """Another interval is replayed (or this one judged): its deaths start at none."""
+        self.lost = []
+
+
 @dataclass
 class AuditBook:
     """What the audit of this launch knows: the mode, the last commit seen, the intervals waiting, the one
@@ -148,7 +186,7 @@ class AuditBook:
     it switched off (empty: it did not)."""
 
     mode: AuditMode = AuditMode.OFF
-    last: Optional[tuple[int, str]] = None  # the newest commit seen: (step, path)
+    last: Optional[Newest] = None  # the newest commit seen
     seen: int = 0  # intervals seen
     queue: list[Interval] = field(default_factory=list)
     current: Optional[Interval] = None
@@ -161,15 +199,10 @@ class AuditBook:
     verdicts: list[Judged] = field(default_factory=list)  # the newest RECENT (a month of intervals is not kept)
     counts: dict[str, int] = field(default_factory=dict)  # every verdict of the launch, by kind
     anchor: Optional[int] = None  # where a rollback goes: the newest audited step (a trainer verdict's start)
-    last_attempt: Optional[int] = None  # the trainer attempt of :attr:`last` (None: unknown, or a rollback's)
-    last_final: bool = False  # :attr:`last` was a session's final commit
     exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
-    candidate: Optional[Interval] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided
-    candidate_replays: tuple[Replay, ...] = ()  # the candidate's replays (its verdict, one interval later, rests on them)
-    lost: list[Replay] = field(default_factory=list)  # :attr:`current`'s auditors that died before their answer
-    deaths: int = 0  # auditors dead before their answer since the last answer (any interval): the wait before the next
-    retry_at: Optional[float] = None  # no auditor before this time (a death's wait; None: none)
-    auditor_deaths: int = 0  # the auditors of the launch that died before their answer
+    candidate: Optional[Judged] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided (its
+    # interval and replays: its verdict, one interval later, rests on them)
+    deaths: Deaths = field(default_factory=Deaths)  # the auditors dead before their answer
     unaudited_steps: int = 0  # the steps of the intervals judged :attr:`Verdict.UNAUDITED` (no replay could be made)
     commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
     rollbacks: list[AuditQuarantine] = field(default_factory=list)  # each rollback's quarantine (its steps: at the time)
@@ -177,8 +210,9 @@ class AuditBook:
     def oldest_start(self) -> Optional[int]:
         """The oldest step a rollback could still go to: the start of an interval waiting, being replayed or
         undecided, else the newest commit's (where the next interval starts); None: no commit yet."""
-        starts = [i.start for i in (*self.queue, self.current, self.candidate) if i is not None]
-        return min(starts + ([self.last[0]] if self.last is not None else [])) if starts or self.last else None
+        undecided = self.candidate.interval if self.candidate is not None else None
+        starts = [i.start for i in (*self.queue, self.current, undecided) if i is not None]
+        return min(starts + ([self.last.step] if self.last is not None else [])) if starts or self.last else None
 
     @property
     def fraction(self) -> float:
@@ -195,13 +229,11 @@ class AuditBook:
         state at ``start`` was a fresh process's too)."""
         if path is None:
             return
-        last, self.last = self.last, (step, path)
-        after_final, self.last_final = self.last_final, final  # (``final``: a session's last commit)
-        before, self.last_attempt = self.last_attempt, attempt or None
-        if self.mode == AuditMode.OFF or self.off or last is None or step <= last[0] or not eligible:
+        last, self.last = self.last, Newest(step, path, attempt or None, final)  # (``final``: a session's last commit)
+        if self.mode == AuditMode.OFF or self.off or last is None or step <= last.step or not eligible:
             return
-        fresh = before is None or before != attempt or (began is not None and last[0] <= began)
-        interval = Interval(last[0], step, last[1], path, resumed=fresh, session_start=after_final)
+        fresh = last.attempt is None or last.attempt != attempt or (began is not None and last.step <= began)
+        interval = Interval(last.step, step, last.path, path, resumed=fresh, session_start=last.final)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
         if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
@@ -213,27 +245,28 @@ class AuditBook:
     def session_ended(self, step: int) -> None:
         """A session's final commit of ``step`` was committed before (an ``again``: a Keras fit's end after its
         last epoch's save): if it is the newest commit, the next interval begins a session all the same."""
-        if self.last is not None and self.last[0] == step:
-            self.last_final = True
+        if self.last is not None and self.last.step == step:
+            self.last = replace(self.last, final=True)
 
     def rolled_back(self, judged: Judged) -> None:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
         waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
         checkpoint, which the audit holds: its steps trained again are audited too)."""
-        self.queue, self.last, self.last_final = [], (judged.interval.start, judged.interval.start_path), False
-        self.last_attempt, self.candidate, self.candidate_replays = None, None, ()  # (the restarted trainer begins there: its next interval is resumed)
+        self.queue, self.candidate = [], None  # (the restarted trainer begins there: its next interval is resumed)
+        self.last = Newest(judged.interval.start, judged.interval.start_path)
 
     def next_replay(self, auditor_running: bool, now: Optional[float] = None) -> Optional[Interval]:
         """The interval an auditor should replay at ``now`` (None: one runs, or nothing waits, or the audit is off, or
-        an auditor died and the next waits until :attr:`retry_at`; ``now`` None: no such wait applies)."""
+        an auditor died and the next waits until :attr:`Deaths.retry_at`; ``now`` None: no such wait applies)."""
         if auditor_running or self.off or self.mode == AuditMode.OFF:
             return None
-        if self.retry_at is not None and now is not None and now < self.retry_at:
+        if self.deaths.retry_at is not None and now is not None and now < self.deaths.retry_at:
             return None
         if self.current is None:
             if not self.queue:
                 return None
-            self.current, self.queue, self.answers, self.lost = self.queue[0], self.queue[1:], [], []
+            self.current, self.queue, self.answers = self.queue[0], self.queue[1:], []
+            self.deaths.forget()
         return self.current
 
     def died(self, replay: Replay, now: float, final: bool = False) -> Optional[Judged]:
@@ -244,16 +277,14 @@ class AuditBook:
         interval = self.current
         if interval is None:
             return None
-        self.lost.append(replay)
-        self.auditor_deaths += 1
-        self.deaths += 1
-        self.retry_at = now + min(RETRY_MAX_SECS, RETRY_SECS * 2 ** (self.deaths - 1))
-        if not final and len(self.lost) <= RETRIES:
+        self.deaths.died(replay, now)
+        lost = self.deaths.lost
+        if not final and len(lost) <= RETRIES:
             return None
-        why = "; ".join(dict.fromkeys(r.error for r in self.lost))
-        return self._close(Judged(Verdict.UNAUDITED, interval, (*self.answers, *self.lost),
+        why = "; ".join(dict.fromkeys(r.error for r in lost))
+        return self._close(Judged(Verdict.UNAUDITED, interval, (*self.answers, *lost),
                                   f"procsv: audit of steps {interval.start}-{interval.end}: no verdict "
-                                  f"({len(self.lost)} auditor{'s' if len(self.lost) > 1 else ''} died before their answer: {why})"))
+                                  f"({len(lost)} auditor{'s' if len(lost) > 1 else ''} died before their answer: {why})"))
 
     def replayed(self, replay: Replay) -> Optional[Judged]:
         """An auditor's answer on :attr:`AuditBook.current`: a verdict, or None when a second replay is due
@@ -261,7 +292,7 @@ class AuditBook:
         interval = self.current
         if interval is None:
             return None
-        self.deaths, self.retry_at = 0, None  # (an answer: the auditors do not die on every interval)
+        self.deaths.answered()
         answers = self.answers = [*self.answers, replay]
         if replay.error and UNSUPPORTED in replay.error:  # every interval would say it again: once, and off
             self.off = f"{replay.error}; audit off for this launch"
@@ -277,9 +308,9 @@ class AuditBook:
         candidate = self.candidate
         if len(answers) == 1 or (first.digest == replay.digest and not replay.differ):
             if candidate is not None and not interval.resumed:  # the program replays exactly: the candidate was the trainer's
-                judged = self.candidate_replays  # (the verdict is the candidate's: its interval, its replays)
-                self.exact, self.candidate, self.candidate_replays = True, None, ()
-                return self._trainer(candidate, judged, judged[-1].differ if judged else (),
+                replays = candidate.replays  # (the verdict is the candidate's: its interval, its replays)
+                self.exact, self.candidate = True, None
+                return self._trainer(candidate.interval, replays, replays[-1].differ if replays else (),
                                      f"; {span} replayed as it ran, so the program's steps replay exactly")
             self.exact = self.exact or not interval.resumed
             self.audited_steps += interval.steps
@@ -289,14 +320,14 @@ class AuditBook:
             if interval.resumed or self.exact:
                 return self._trainer(interval, tuple(answers), replay.differ, "")
             if candidate is None:  # undecided until the next interval the trainer ran on (see the module's docstring)
-                self.candidate, self.candidate_replays = interval, tuple(answers)
-                return self._close(Judged(Verdict.UNDECIDED, interval, tuple(answers),
-                                           f"procsv: audit: two replays of {span} agree with each other, not with the "
-                                           f"trainer's checkpoint: the next interval tells the trainer's fault from a "
-                                           f"program whose steps do not replay from a checkpoint; nothing rolled back yet"))
-            self.candidate, self.candidate_replays = None, ()
+                self.candidate = Judged(Verdict.UNDECIDED, interval, tuple(answers),
+                                        f"procsv: audit: two replays of {span} agree with each other, not with the "
+                                        f"trainer's checkpoint: the next interval tells the trainer's fault from a "
+                                        f"program whose steps do not replay from a checkpoint; nothing rolled back yet")
+                return self._close(self.candidate)
+            self.candidate = None
             self.off = (f"two replays agree with each other and not with the trainer in two intervals running "
-                        f"(steps {candidate.start}-{candidate.end}, {span}): the program's steps do not replay from a "
+                        f"(steps {candidate.interval.start}-{candidate.interval.end}, {span}): the program's steps do not replay from a "
                         "checkpoint as its trainer ran them (state no checkpoint holds: random numbers of a seeded "
                         "Keras Dropout layer or of tf.random ops, a counter or iterator of its own); audit off for "
                         "this launch")
@@ -324,9 +355,10 @@ class AuditBook:
         """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no
         candidate). Nothing is rolled back: no later interval could tell a fault from a program that does not
         replay."""
-        interval, replays, self.candidate, self.candidate_replays = self.candidate, self.candidate_replays, None, ()
-        if interval is None:
+        candidate, self.candidate = self.candidate, None
+        if candidate is None:
             return None
+        interval, replays = candidate.interval, candidate.replays
         judged = Judged(Verdict.UNAUDITED, interval, replays, f"procsv: audit of steps {interval.start}-{interval.end}: no "
                         "verdict (its replays differ from the trainer's checkpoint and the run ended before an interval "
                         "after it told a fault from a program that does not replay exactly); nothing rolled back")
@@ -340,7 +372,8 @@ class AuditBook:
             self.unaudited_steps += judged.interval.steps
 
     def _close(self, judged: Judged) -> Judged:
-        self.current, self.answers, self.lost = None, [], []
+        self.current, self.answers = None, []
+        self.deaths.forget()
         self._keep(judged)
         return judged
 
@@ -381,7 +414,7 @@ def holds(book: AuditBook) -> list[int]:
         return []
     waiting = [*book.queue, *([book.current] if book.current is not None else [])]
     steps = {s for i in waiting for s in (i.start, i.end)} | ({book.anchor} if book.anchor is not None else set()) \
-        | ({book.candidate.start} if book.candidate is not None else set())
+        | ({book.candidate.interval.start} if book.candidate is not None else set())
     return sorted(steps)
 
 
