@@ -646,3 +646,30 @@ def test_the_watchdog_kills_a_hung_auditor_and_has_its_interval_replayed_by_a_fr
     audits.round()
     assert ex.forked == [(1, "100:200"), (2, "100:200")] and sim.view.findings.audit["auditor_deaths"] == 1
 
+
+
+def test_an_auditors_session_that_failed_before_s2_leaves_the_answer_to_the_programs_retry(monkeypatch) -> None:
+    """TF's retry loop (the seeds' retry example: an AbortedError caught, a new session opened): the auditor's
+    session that failed before S2 answered "the program ended at step K" and the interval went unaudited; it now
+    leaves the answer to the next session (which restores S1 again), and answers at the process's exit only if the
+    program opened none. A session that ended cleanly before S2 answers at once, as before; one at S2 compares.
+    (By hand: seeds_tf1.retry --abort-at-step 330 under --audit every: both auditors aborted at 330, retried, and
+    replayed 0-600 bit-equal.)"""
+    import atexit
+
+    from procsv.trainer.audit import replay as replay_module
+
+    at_exit: list[tuple[object, ...]] = []
+    monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, *args)))
+    ended: list[int] = []
+    audit = replay_module.AuditReplay(None, (0, 600), None, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(audit, "end", ended.append)
+    audit.stopped(330, failed=True)
+    assert ended == [] and len(at_exit) == 1, (ended, at_exit)
+    fn, differ, state, error = at_exit[0]
+    assert fn == audit._answer and (differ, state) == ([], "")
+    assert error == "the program's session ended with an error at step 330, before step 600, and it opened no other"
+    audit.stopped(0, failed=True)  # (the next session trained nothing: still the one after it)
+    audit.stopped(330, failed=False)  # a clean end before S2: answered now (end says the program ended short)
+    audit.stopped(600, failed=True)  # at S2: compared whatever ended it
+    assert ended == [330, 600] and len(at_exit) == 1

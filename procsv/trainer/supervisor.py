@@ -504,7 +504,8 @@ class Supervisor(SupervisorNames):
         deadline = self._clock() + self.stop_grace_secs if deadline is None else deadline
         self.coord.request_stop()
         if self._audit is not None:  # an auditor's session ended: at S2, its program's last step, compare; before
-            self._audit.stopped(self._state.step)  # it, said; where it began (trained nothing), the next answers
+            self._audit.stopped(self._state.step, self.coord.exception is not None)  # it, said; where it began
+            # (trained nothing) or it failed before S2 (TF's retry loop), the next session answers
         if self._phase == Phase.LIVE:
             self._phase = Phase.STOPPED
         channels = self._channels

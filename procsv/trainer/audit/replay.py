@@ -27,6 +27,7 @@ restored in place of the checkpoint object, as at a restart.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import socket
@@ -152,13 +153,24 @@ class AuditReplay:
         if step >= self.end_step:
             self.end(step)
 
-    def stopped(self, step: int) -> None:
-        """The session ended at ``step``: :meth:`end`, unless it trained nothing (``step`` is S1's, not S2's): a
-        session that trains nothing (a Keras ``fit`` that completed before S1, or resumed past its last epoch)
-        leaves the answer to the program's next session, which restores S1 again and replays, as a restarted
-        trainer's next fit does. A program that opens none ends without an answer (the watchdog's: no replay)."""
-        if step != self.start:
-            self.end(step)
+    def stopped(self, step: int, failed: bool = False) -> None:
+        """The session ended at ``step`` (``failed``: with an error the program's block raised, or a thread's):
+        :meth:`end`, unless it trained nothing (``step`` is S1's, not S2's) or failed before S2. A session that
+        trains nothing (a Keras ``fit`` that completed before S1, or resumed past its last epoch) leaves the answer
+        to the program's next session, which restores S1 again and replays, as a restarted trainer's next fit does.
+        So does one that failed before S2 (TF's retry loop: an ``AbortedError`` caught, a new session opened, which
+        the trainer's restore made exact): the next session replays from S1 again; a program that opens none
+        answers at its exit that its session ended at ``step``, with no replay to S2. A program that opens none
+        after a session that trained nothing ends without an answer (the watchdog's: no replay)."""
+        if step == self.start:
+            return
+        if failed and step < self.end_step:
+            print(f"procsv: auditor: the program's session ended with an error at step {step}, before step "
+                  f"{self.end_step}; its next session replays from step {self.start} again", flush=True)
+            atexit.register(self._answer, [], "", f"the program's session ended with an error at step {step}, "
+                            f"before step {self.end_step}, and it opened no other")
+            return
+        self.end(step)
 
     def end(self, step: int) -> None:
         """Compare this process's state at ``step`` with checkpoint S2, answer, and exit 0."""
