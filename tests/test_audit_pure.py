@@ -309,7 +309,7 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
 
 
 def test_replays_that_agree_and_miss_the_trainer_before_the_program_is_known_to_replay_wait_for_the_next_interval() -> None:
-    """A program whose state is not all in its checkpoint (a Keras Dropout layer under set_random_seed: its seed
+    """A program whose state is not all in its checkpoint (a custom loop's Keras Dropout layer under set_random_seed: its seed
     generator restarts in every fresh process) replays the same way twice, never the trainer's way: two such
     intervals running switch the audit off, nothing rolled back. A real fault (one wrong bit stays in the state:
     the interval after it replays as the trainer ran it) is rolled back one interval later."""

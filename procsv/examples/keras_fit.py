@@ -31,6 +31,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--save-secs", type=float, default=None, help="also checkpoint every N seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=64, help="units of the hidden layer (default 64)")
+    p.add_argument("--dropout", type=float, default=0.2, help="dropout rate after the hidden layer (default 0.2; 0: "
+                   "none)")
     p.add_argument("--delete-checkpoint", action="store_true", help="remove procsv's checkpoints when fit completes")
     p.add_argument("--batch-delay", type=float, default=0.0, help="sleep this long after each batch")
     p.add_argument("--unseeded", action="store_true", help="shuffle without a seed (a resume cannot be exact)")
@@ -40,12 +42,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(hidden: int) -> Any:
+def build_model(hidden: int, dropout: float = 0.2) -> Any:
+    """The digits MLP as Keras' guides write it: a hidden layer, ``Dropout`` after it (random numbers drawn in
+    training: a resume is exact only if their state is restored too), the logits."""
     import keras
 
     model = keras.Sequential([
         keras.Input((64,)),
         keras.layers.Dense(hidden, activation="relu"),
+        *([keras.layers.Dropout(dropout)] if dropout else []),
         keras.layers.Dense(10),
     ])
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -99,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         keras.utils.set_random_seed(args.seed)
         tf.config.experimental.enable_op_determinism()
     x_train, y_train, x_test, y_test = load_data(args.seed)
-    model = build_model(args.hidden)
+    model = build_model(args.hidden, args.dropout)
     callbacks: list[Any] = []
     if not args.no_callback:
         import procsv.keras

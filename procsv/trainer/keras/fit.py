@@ -181,10 +181,15 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         metrics = {f"v{i}": v.value for i, v in enumerate(model.metrics_variables)}
         # no global_step here: the Supervisor creates it (saved as ``global_step``, as before) and,
         # since nobody else holds it, advances it in Python between snapshots, not with an op per batch
-        checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=model.optimizer,
-            fit=tf.train.Checkpoint(epoch=self.epoch_var, batch=self.batch_var),
-            metrics=tf.train.Checkpoint(**metrics))
+        parts = dict(model=model, optimizer=model.optimizer,
+                     fit=tf.train.Checkpoint(epoch=self.epoch_var, batch=self.batch_var),
+                     metrics=tf.train.Checkpoint(**metrics))
+        # the random numbers' state of Dropout-like layers (Keras keeps it apart from the weights): saved, so that a
+        # resume draws what the uninterrupted fit would have (restore_target.seed_states)
+        states = restore_target.seed_states(model)
+        seeds = tf.train.Checkpoint(**states) if states else None
+        checkpoint = tf.train.Checkpoint(**parts, **({"seeds": seeds} if seeds is not None else {}))
+        restore_parts = (tf.train.Checkpoint(**parts), tf.train.Checkpoint(seeds=seeds) if seeds else None)
         self._at = at = FitPosition(spe=int(getattr(model, "steps_per_execution", 1) or 1))
         every = None
         if isinstance(self.save_freq, int) and not isinstance(self.save_freq, bool):
@@ -236,7 +241,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         # the position when it does not match
         in_memory = directory in _HELD
         _HELD.discard(directory)  # (a fit that raises holds nothing: the next one restores the position it committed)
-        target = restore_target.WholeOrPosition(checkpoint, tf.train.Checkpoint(fit=checkpoint.fit))
+        whole, seeded = restore_parts  # (the seeds apart: a checkpoint written before they were saved has none)
+        target = restore_target.WholeOrPosition(whole, tf.train.Checkpoint(fit=checkpoint.fit), seeded)
         front.restore_into(restore_target.Nothing() if in_memory else target)
         self._sess = sv.prepare_or_wait_for_session()
         done = _COMPLETED.get(directory, 0)
@@ -266,9 +272,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
             print(f"procsv: fit {done + 1} of this program completed before the restart: it trains nothing ({state}); "
                   f"its History lists its epochs {at.first + 1}-{self.params.get('epochs')}, without their logs",
                   flush=True)
-        random = restore_target.unrestored_random(model)
-        random_reason = ([f"layer(s) {', '.join(random[:3])} draw random numbers (a Keras SeedGenerator: Dropout, "
-                          "...) whose state no checkpoint holds: a resumed fit draws other numbers"] if random else [])
+        random_reason = (["the checkpoint restored holds no state of the random numbers of its Dropout-like layers "
+                          "(written by an earlier procsv): this resume draws other numbers"]
+                         if where.resumes and target.unseeded and target.mismatch is None else [])
         for reason in input_position.inexact_reasons(inp) + random_reason:
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if where.resumes:

@@ -14,8 +14,12 @@ place of the checkpoint object; the restore sets the global step from the checkp
   before the restart (:mod:`procsv.trainer.keras.resume`) trains nothing and goes on; any other fit
   raises :class:`~procsv.common.errors.MismatchedCheckpoint`, as before.
 
-And what no restore restores: :func:`unrestored_random`, the layers whose random numbers' state is not in the
-checkpoint (said at ``fit`` start: a resume is not exact).
+And what Keras' own checkpoint leaves out: :func:`seed_states`, the state of the random numbers of the layers
+that draw them in training (``Dropout``, ``GaussianNoise``: a Keras ``SeedGenerator`` each, whose state Keras 3
+tracks apart from the layer's weights, so ``tf.train.Checkpoint(model=...)`` saves none of it). The fit's checkpoint
+holds them (``seeds/...``), and :class:`WholeOrPosition` restores them where the checkpoint has them: a resumed
+fit draws the numbers the uninterrupted one would have, and is bit-exact (before, it drew others: measured, a
+seeded ``Dropout`` fit SIGKILLed once ended with other weights than one never killed).
 """
 
 from __future__ import annotations
@@ -23,18 +27,26 @@ from __future__ import annotations
 from typing import Any, Optional
 
 
-def unrestored_random(model: Any) -> list[str]:
-    """The names of ``model``'s layers that draw random numbers from a Keras ``SeedGenerator`` (``Dropout``,
-    ``GaussianNoise``, ...), whose state the fit's checkpoint does not hold (Keras 3 tracks it apart from the
-    layer's weights): a resumed fit, or an auditor's replay, draws other numbers than the uninterrupted run."""
+def seed_states(model: Any) -> dict[str, Any]:
+    """The state variables (``tf.Variable``) of the Keras ``SeedGenerator`` of every layer of ``model`` (``Dropout``,
+    ``GaussianNoise``, ...; a layer nested in another's attributes too), keyed by the layer's name and the generator's
+    attribute (``dropout.seed_generator``; a name met twice, in nested models, gets its index after it): what the fit's checkpoint adds as ``seeds`` so that a restore puts back the
+    random numbers' state. Empty for a model that draws none."""
     import keras
     import tensorflow as tf
 
     layers = [o for o in tf.train.TrackableView(model).descendants() if isinstance(o, keras.layers.Layer)]
     if isinstance(model, keras.layers.Layer):
         layers.insert(0, model)
-    return sorted({layer.name for layer in layers  # (a layer nested in another's attributes too)
-                   if any(isinstance(v, keras.random.SeedGenerator) for v in vars(layer).values())})
+    states: dict[str, Any] = {}
+    seen: set[int] = set()
+    for layer in layers:
+        for attr, gen in vars(layer).items():
+            if isinstance(gen, keras.random.SeedGenerator) and id(gen) not in seen:
+                seen.add(id(gen))
+                name = f"{layer.name}.{attr}"
+                states[name if name not in states else f"{name}.{len(states)}"] = gen.state.value
+    return states
 
 
 class Nothing:
@@ -50,21 +62,31 @@ class Nothing:
 
 
 class WholeOrPosition:
-    """Restores ``whole`` (the fit's checkpoint object); if the checkpoint does not match it, only
-    ``position`` (a ``tf.train.Checkpoint`` of the fit's position variables), with ``mismatch`` saying why
+    """Restores ``whole`` (the fit's checkpoint object, but its ``seeds``); if the checkpoint does not match it,
+    only ``position`` (a ``tf.train.Checkpoint`` of the fit's position variables), with ``mismatch`` saying why
     (None: the whole state was restored). A mismatch found mid-restore may have assigned some variables of
-    ``whole`` already: a fit that goes on after one trains nothing on them (the next fit restores them)."""
+    ``whole`` already: a fit that goes on after one trains nothing on them (the next fit restores them). With the
+    whole state, ``seeds`` (a ``tf.train.Checkpoint`` of :func:`seed_states`) where the checkpoint holds them; one
+    written before they were saved holds none (``unseeded``: True, the states left as they are: said by the fit)."""
 
-    def __init__(self, whole: Any, position: Any) -> None:
+    def __init__(self, whole: Any, position: Any, seeds: Any = None) -> None:
         self._whole = whole
         self._position = position
+        self._seeds = seeds
         self.mismatch: Optional[str] = None
+        self.unseeded = False
 
     def restore(self, path: str) -> Any:
         self.mismatch = None
         try:
             status = self._whole.restore(path)
             status.assert_existing_objects_matched()
+            if self._seeds is not None:
+                import tensorflow as tf
+
+                saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+                self.unseeded = not any(key.startswith("seeds/") for key in saved)
+                self._seeds.restore(path).expect_partial()
             return status
         except (AssertionError, ValueError) as exc:  # ValueError: "incompatible tensor with shape ... name ..."
             self.mismatch = str(exc).splitlines()[0]
@@ -73,4 +95,4 @@ class WholeOrPosition:
         return status
 
 
-__all__ = ["Nothing", "WholeOrPosition", "unrestored_random"]
+__all__ = ["Nothing", "WholeOrPosition", "seed_states"]
