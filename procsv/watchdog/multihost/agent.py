@@ -361,6 +361,8 @@ class NodeAgent(Prewarmed):
                 self.node_timeout = msg.node_timeout  # node 0's: the job has one
             if isinstance(msg, MasterBeat):
                 self.seen.beat(self.clock())
+            else:  # (node 0 is there: a StartMembers before its first beat on a new connection ends its loss too)
+                self.seen.heard(self.clock())
             self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
