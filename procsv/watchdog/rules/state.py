@@ -360,6 +360,11 @@ class RunView:
     rollback_before: Optional[tuple[int, int, int]] = None
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
     nodes: dict[int, NodeView] = field(default_factory=dict)
+    # node 0's own loop (rule 12's --node-timeout bound counts only a silence node 0 watched, rules.hosts): when its
+    # last round began, and when the last round that came OWN_STALL_SECS or more after the one before it began (node 0
+    # stopped or descheduled: the agents' beats queued meanwhile are read a moment after it resumes)
+    round_at: Optional[float] = None
+    resumed_at: float = float("-inf")
     group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
     membership_changes: int = 0  # groups started on other hosts than the group before them
 
