@@ -230,3 +230,17 @@ def test_late_answers_to_probes_sent_in_the_partition_are_one_healing_not_two() 
     assert both.healed_at == 20.1 and both.healed_after >= 9.0
     master = master_beat(master, 20.2)  # (its first beat over the new connection: no healing either)
     assert master.healed_at == 20.1 and not master_redial(master, 20.1)
+
+
+def test_an_agent_says_its_live_members_started_again_once_on_each_new_connection() -> None:
+    """A MemberStarted sent on a connection the agent then replaced (a redial) is lost with it: a member of an attempt
+    node 0 had given up, started by a StartMembers read late on the old connection, ran on unknown to node 0, which
+    kills a stale start at once but never heard of this one (measured: a flapping link beside two CPU burners; its
+    hellos listed it live, so node 0 did not take the host back while it ran). Each new connection's first hello
+    that passes is followed by a MemberStarted per live member, once; node 0 takes a repeat of a known start as known."""
+    from procsv.ipc.messages import MemberStarted
+    from procsv.watchdog.multihost.agent import started_again
+
+    live = [("worker1", 3, 4242), ("worker2", 3, 4243)]
+    assert started_again(live, 4, 3) == [MemberStarted("worker1", 3, 4242), MemberStarted("worker2", 3, 4243)]
+    assert started_again(live, 4, 4) == [] and started_again([], 5, 4) == []
