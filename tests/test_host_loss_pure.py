@@ -196,14 +196,12 @@ def test_a_host_is_never_lost_because_node_0_itself_was_stopped_and_a_wedged_one
     limits = Limits(nnodes=2, node_timeout=15.0)
     hello = NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"])  # (no probe port: the bound alone)
     for t in steady(0.0, 10.0):
-        observe.turned(view, t)
         observe.node_hello(view, hello, t)
         assert host_actions(view, t, limits) == []
-    observe.turned(view, 30.05)  # (stopped from 10.0 to 30.05; the beats of the stop not read yet)
+    observe.resumed(view, 30.05)  # (stopped from 10.0 to 30.05, its next round 20 s late; the stop's beats unread)
     assert [a for a in host_actions(view, 30.05, limits) if isinstance(a, NodeLost)] == []
     for i in range(1, 200):  # (its agent wedged since 10.0: no beat read, node 0's rounds every 0.1 s)
         now = round(30.05 + 0.1 * i, 6)
-        observe.turned(view, now)
         lost = [a for a in host_actions(view, now, limits) if isinstance(a, NodeLost)]
         assert bool(lost) == (now - 30.05 > 15.0), now
         if lost:

@@ -322,7 +322,6 @@ class Watchdog:
         """Decide at the current time and perform the actions; then hand the echo of the trainer's log,
         a look at the logdir and the status file to the logdir writer thread (none of it waits)."""
         fault_point("round", self.view.step)
-        observe.turned(self.view, self.clock())  # (node 0's own stall: rule 12's bound counts from its end)
         self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()

@@ -25,7 +25,7 @@ from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, workers
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
-from procsv.watchdog.rules.hosts import GAPS_KEPT, OWN_STALL_SECS
+from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.state import (PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
@@ -472,13 +472,12 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 
-def turned(view: RunView, now: float) -> None:
-    """Node 0's loop begins a round at ``now``: one ``OWN_STALL_SECS`` or more after the one before ends a stall of
-    its own (rule 12's ``--node-timeout`` bound counts a host's silence from then:
-    :func:`~procsv.watchdog.rules.hosts.host_actions`)."""
-    if view.round_at is not None and now - view.round_at >= OWN_STALL_SECS:
-        view.resumed_at = now
-    view.round_at = now
+def resumed(view: RunView, now: float) -> None:
+    """Node 0's loop turns again at ``now`` after a stall of its own (a round ``OWN_STALL_SECS`` or more after the one
+    before: stopped or descheduled; the agents' beats queued meanwhile are read a moment after): rule 12's
+    ``--node-timeout`` bound counts each host's silence from now (:func:`~procsv.watchdog.rules.hosts.host_actions`)."""
+    for n in view.nodes.values():
+        n.watched_from = now
 
 
 def probe_sent(view: RunView, node: int, sent: float) -> None:

@@ -14,7 +14,7 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   (stopped, starved of CPU, blocked) is not: its host's kernel still completes the handshake, so only
   the bound applies to it, ``node_timeout`` (``--node-timeout``) seconds without a beat, whatever the
   probes say, counted from node 0's own resumption when node 0 itself stalled since the host's last beat (its
-  loop stopped or descheduled ``OWN_STALL_SECS`` or more, ``RunView.resumed_at``: the beats that came meanwhile are
+  loop stopped or descheduled ``OWN_STALL_SECS`` or more, ``NodeView.watched_from``: the beats that came meanwhile are
   read a moment after it resumes, and its first round decided before them, found a host that beat all along lost
   "for 20 s", about one run in two after a SIGSTOP of 20 s). The fast path needs a probe port that answered once (``probe_ok``: one behind a firewall
   never did, and an unanswered probe then means nothing). An answer of a reset to a probe sent since the last
@@ -70,7 +70,7 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
             continue
         # also while the run finishes: a host that dies during the orderly stop reports its
         # members' ends no more, and the launch waits for them until their host is found lost
-        if now - max(n.last_beat, view.resumed_at) > limits.node_timeout:  # (a silence node 0 watched)
+        if now - max(n.last_beat, n.watched_from) > limits.node_timeout:  # (a silence node 0 watched)
             out.append(NodeLost(node, now - n.last_beat))
         elif (unanswered := kernel_silent(n, now)) is not None:
             out.append(NodeLost(node, now - n.last_beat, unanswered))

@@ -10,6 +10,8 @@ Slots name the places a process occupies: ``checkpoint``, ``summary`` and one pe
 (``trainer``, the chief: task 0; with ``--nproc N`` also ``worker1`` ... ``worker<N-1>``). Each slot holds its current
 attempt; attempts of trainers are also kept in order in :attr:`RunView.attempts` for the
 recovery report.
+
+One concern: the watchdog's picture of its run, as plain data.
 """
 
 from __future__ import annotations
@@ -288,6 +290,9 @@ class NodeView:
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
     healed_at: Optional[float] = None
     healed_after: float = 0.0
+    # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (stopped or
+    # descheduled OWN_STALL_SECS or more: the beats queued meanwhile are read a moment after): rule 12's bound counts from it
+    watched_from: float = float("-inf")
 
 
 @dataclass
@@ -360,11 +365,6 @@ class RunView:
     rollback_before: Optional[tuple[int, int, int]] = None
     # the other hosts of a job that spans hosts (--nnodes): node rank -> what its agent said
     nodes: dict[int, NodeView] = field(default_factory=dict)
-    # node 0's own loop (rule 12's --node-timeout bound counts only a silence node 0 watched, rules.hosts): when its
-    # last round began, and when the last round that came OWN_STALL_SECS or more after the one before it began (node 0
-    # stopped or descheduled: the agents' beats queued meanwhile are read a moment after it resumes)
-    round_at: Optional[float] = None
-    resumed_at: float = float("-inf")
     group_nodes: tuple[int, ...] = ()  # the hosts the current (or last) group was started on, node 0 first (rule 15)
     membership_changes: int = 0  # groups started on other hosts than the group before them
 
