@@ -184,3 +184,28 @@ def test_the_suspicion_bound_adapts_to_the_gaps_within_its_floor_and_cap() -> No
     assert 4.0 < phi(suspect_after(jittery), jittery) < 5.0
     assert phi(SUSPECT_FLOOR, [0.1] * 50) > 4.5
     assert phi(0.1, [0.1] * 50) < 1.0
+
+
+def test_a_host_is_never_lost_because_node_0_itself_was_stopped_and_a_wedged_one_is_lost_at_the_bound_after() -> None:
+    """Node 0's launch SIGSTOPped 20 s (a slow master, its ZeroMQ thread stopped too), the agent beating all along:
+    its first round after the SIGCONT decides before the beats queued meanwhile are read. Before, that round found
+    node 1 lost, 'its agent sent no heartbeat for 20.0 s', one run in two (measured, --node-timeout 15), and
+    blamed the group's restart on node 1's host. The bound counts only a silence node 0 watched: from its own
+    resumption. An agent wedged since (its kernel answering, no beat) is still lost at the bound after it."""
+    view = RunView(launch_start=0.0)
+    limits = Limits(nnodes=2, node_timeout=15.0)
+    hello = NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"])  # (no probe port: the bound alone)
+    for t in steady(0.0, 10.0):
+        observe.node_hello(view, hello, t)
+        assert host_actions(view, t, limits) == []
+    observe.resumed(view, 30.05)  # (stopped from 10.0 to 30.05, its next round 20 s late; the stop's beats unread)
+    assert [a for a in host_actions(view, 30.05, limits) if isinstance(a, NodeLost)] == []
+    for i in range(1, 200):  # (its agent wedged since 10.0: no beat read, node 0's rounds every 0.1 s)
+        now = round(30.05 + 0.1 * i, 6)
+        lost = [a for a in host_actions(view, now, limits) if isinstance(a, NodeLost)]
+        assert bool(lost) == (now - 30.05 > 15.0), now
+        if lost:
+            assert lost[0].silent_secs > 35.0
+            break
+    else:
+        raise AssertionError("never found lost")

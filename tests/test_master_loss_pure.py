@@ -19,7 +19,7 @@ import dataclasses
 import random
 from typing import Callable, Optional
 
-from procsv.watchdog.multihost.masterseen import (UNANSWERED_KEPT, master_beat, master_probe_sent,
+from procsv.watchdog.multihost.masterseen import (UNANSWERED_KEPT, master_beat, master_heard, master_probe_sent,
                                                   master_probes_looked)
 from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, PROBE_EVERY, SUSPECT_CAP, master_lost, master_probe_due,
                                          master_redial)
@@ -191,3 +191,56 @@ def test_a_slow_master_lost_at_the_node_timeout_is_never_redialed_nor_one_still_
     for unanswered, looked in (([29.98], 29.99), ([27.9], 27.91)):
         answered = master_beat(NodeView(0, probe=MASTER, lost_at=25.0, unanswered=unanswered, looked_at=looked), 30.0)
         assert answered.healed_at is None and not master_redial(answered, 5.0)
+
+
+def test_a_word_from_a_master_found_lost_ends_its_loss_so_the_members_it_starts_are_not_stopped() -> None:
+    """After a partition heals, the agent's new connection may carry node 0's StartMembers before its first beat
+    (measured, the second host's frames to node 0 dropped 10 s: 3 runs of 3). The agent stops its members while its
+    view has node 0 lost: it killed the new group's member at once, saying 'the master is silent for -0.0 s', and
+    the group restarted again. Any word from node 0 on the connection the agent has ends the loss as a beat does;
+    the gap across it is not learnt, the healing the redial read is kept, and it is not found lost again at once."""
+    master = NodeView(0, probe=MASTER)
+    for t in steady(0.0, 5.0):
+        master = master_beat(master, t)
+    master = dataclasses.replace(master, lost_at=5.3, unanswered=[5.2, 5.25], healed_at=15.0, healed_after=9.8)
+    gaps = list(master.gaps)
+    heard = master_heard(master, 15.1)
+    assert heard.lost_at is None and heard.last_beat == 15.1 and heard.unanswered == [] and heard.gaps == gaps
+    assert (heard.healed_at, heard.healed_after) == (15.0, 9.8) and not master_redial(heard, 15.05)
+    assert master_lost(heard, 15.15, 15.0) is None and master_lost(heard, 15.15, 4.0) is None
+    live = master_beat(heard, 15.2)  # (a connected master: a word changes nothing)
+    assert master_heard(live, 15.25) == live
+
+
+def test_late_answers_to_probes_sent_in_the_partition_are_one_healing_not_two() -> None:
+    """A probe sent shortly before a heal has its SYN retransmitted by the agent's kernel a second later, after the
+    heal, and its answer may be looked at before a newer probe's (measured: 'heard again after 8.5 s', then 'after
+    0.9 s' 50 ms later, two redials for one heal). An answer to a probe sent before the last healing starts no
+    silence of its own: one healing, one redial."""
+    sent = [round(10.0 + 0.05 * i, 6) for i in range(201)]  # probes every 0.05 s of a partition from 10 to 20
+    master = NodeView(0, probe=MASTER, probe_ok=True, last_beat=9.9, lost_at=10.3)
+    for s in sent:
+        master = master_probe_sent(master, s)
+    master = master_probes_looked(master, 20.1, [(19.1, True)])  # (its SYN sent again at 20.1: answered first)
+    assert master.healed_at == 20.1 and master.healed_after >= 9.0 and master_redial(master, 5.0)
+    master = master_probes_looked(master, 20.15, [(20.05, True), (19.15, True)])
+    assert master.healed_at == 20.1 and not master_redial(master, 20.1)
+    both = master_probes_looked(dataclasses.replace(master, healed_at=None, unanswered=sent), 20.1,
+                                [(19.1, True), (20.05, True)])  # (the two at one look)
+    assert both.healed_at == 20.1 and both.healed_after >= 9.0
+    master = master_beat(master, 20.2)  # (its first beat over the new connection: no healing either)
+    assert master.healed_at == 20.1 and not master_redial(master, 20.1)
+
+
+def test_an_agent_says_its_live_members_started_again_once_on_each_new_connection() -> None:
+    """A MemberStarted sent on a connection the agent then replaced (a redial) is lost with it: a member of an attempt
+    node 0 had given up, started by a StartMembers read late on the old connection, ran on unknown to node 0, which
+    kills a stale start at once but never heard of this one (measured: a flapping link beside two CPU burners; its
+    hellos listed it live, so node 0 did not take the host back while it ran). Each new connection's first hello
+    that passes is followed by a MemberStarted per live member, once; node 0 takes a repeat of a known start as known."""
+    from procsv.ipc.messages import MemberStarted
+    from procsv.watchdog.multihost.agent import started_again
+
+    live = [("worker1", 3, 4242), ("worker2", 3, 4243)]
+    assert started_again(live, 4, 3) == [MemberStarted("worker1", 3, 4242), MemberStarted("worker2", 3, 4243)]
+    assert started_again(live, 4, 4) == [] and started_again([], 5, 4) == []

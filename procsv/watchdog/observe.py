@@ -472,6 +472,14 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 
+def resumed(view: RunView, now: float) -> None:
+    """Node 0's loop turns again at ``now`` after a stall of its own (a round ``OWN_STALL_SECS`` or more after the one
+    before: stopped or descheduled; the agents' beats queued meanwhile are read a moment after): rule 12's
+    ``--node-timeout`` bound counts each host's silence from now (:func:`~procsv.watchdog.rules.hosts.host_actions`)."""
+    for n in view.nodes.values():
+        n.watched_from = now
+
+
 def probe_sent(view: RunView, node: int, sent: float) -> None:
     """Node 0 probed ``node``'s host at ``sent`` (rule 12's :func:`~procsv.watchdog.rules.hosts.probes_due`;
     the prober's clock once the handshake's first packet was out)."""

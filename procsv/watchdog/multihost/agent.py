@@ -105,6 +105,17 @@ class _Rejoin:
     problem: str = ""
 
 
+def started_again(live: list[tuple[str, int, int]], link: int, told: int) -> list[MemberStarted]:
+    """What the agent says after the first hello that passed on connection ``link``: each live member
+    (``(slot, attempt, pid)``) started, again, unless said on that link already (``told``). A MemberStarted sent on a
+    connection the agent then replaced is lost with it: a StartMembers node 0 sent just before a partition, delivered
+    once it healed and read on the old connection before the redial, started a member of an attempt node 0 had
+    given up meanwhile, and node 0, which kills a stale start at once (``RemoteMembers.started``), never heard of it;
+    its hellos listed it live, so node 0 did not take the host back while it ran (measured, a group over two hosts
+    whose link flapped 1 s down, 1 s up, beside two CPU burners). Node 0 takes a repeat of a start it knows as known."""
+    return [] if link == told else [MemberStarted(slot, attempt, pid) for slot, attempt, pid in live]
+
+
 class NodeAgent(Prewarmed):
     """One host's agent; :meth:`run` returns the exit code. It holds this host's pre-warmed trainer as
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
@@ -210,6 +221,7 @@ class NodeAgent(Prewarmed):
         link = 0  # its connections to the master so far: each hello names the one it is sent on (NodeHello.link)
         connected_at = beat_at = float("-inf")
         dialed_at = float("-inf")  # when it made the socket it has (a healed partition's redial: after it only)
+        told = 0  # the link its live members were said started on (started_again)
         only_new = False  # the reconnect in flight connects only to a new launch
         relaunch_at: Optional[float] = None  # a relaunched master's launch read then, its hellos held back for the holder
         while self.stop_code is None:
@@ -263,6 +275,10 @@ class NodeAgent(Prewarmed):
                                               self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
                                               probe)):
                         beat_at = now
+                        for news in started_again([(m.slot, m.attempt, m.pid) for m in self.members.values()
+                                                   if m.proc.poll() is None], link, told):
+                            send(dealer, news)
+                        told = link
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
@@ -361,6 +377,8 @@ class NodeAgent(Prewarmed):
                 self.node_timeout = msg.node_timeout  # node 0's: the job has one
             if isinstance(msg, MasterBeat):
                 self.seen.beat(self.clock())
+            else:  # (node 0 is there: a StartMembers before its first beat on a new connection ends its loss too)
+                self.seen.heard(self.clock())
             self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
@@ -503,4 +521,4 @@ class NodeAgent(Prewarmed):
                 self.say(r.say.removeprefix("procsv: "))
 
 
-__all__ = ["NodeAgent"]
+__all__ = ["NodeAgent", "started_again"]

@@ -46,9 +46,19 @@ def master_beat(master: NodeView, now: float) -> NodeView:
     # (the silence as the agent's last look saw it: a probe it sent and was descheduled before looking at is none)
     healed = (now, now - master.unanswered[0]) if master.lost_at is not None and master.unanswered \
         and master.looked_at is not None and master.looked_at - master.unanswered[0] >= PROBE_WINDOW \
-        else (master.healed_at, master.healed_after)
+        and _since_healed(master.healed_at, master.unanswered[0]) else (master.healed_at, master.healed_after)
     return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None,
                                healed_at=healed[0], healed_after=healed[1])
+
+
+def master_heard(master: NodeView, now: float) -> NodeView:
+    """After a word from node 0 other than a beat (:class:`~procsv.ipc.messages.StartMembers`, ...) read at ``now`` on
+    the connection the agent has: node 0 is there, so a loss ends as at a beat (no gap learnt; the healing kept). A
+    new connection may carry node 0's StartMembers before its first beat: the agent, its view still lost, killed
+    the members it had just started as a stale group's. A connected master's view is left as it is."""
+    if master.lost_at is None:
+        return master
+    return dataclasses.replace(master, last_beat=now, lost_at=None, unanswered=[], reset_at=None)
 
 
 def master_probe_sent(master: NodeView, sent: float) -> NodeView:
@@ -68,11 +78,19 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
     unanswered, ok, healed = master.unanswered, master.probe_ok, (master.healed_at, master.healed_after)
     for sent, handshake in answers:
         if handshake:
-            if unanswered and sent - unanswered[0] >= PROBE_WINDOW:  # none answered since (the address was silent)
+            # none answered since (the address was silent), in a silence begun after the last healing (a late answer
+            # to a probe of the same silence, its SYN sent again by the kernel after the heal: no second healing)
+            if unanswered and sent - unanswered[0] >= PROBE_WINDOW and _since_healed(healed[0], unanswered[0]):
                 healed = looked_at, sent - unanswered[0]
             unanswered, ok = [s for s in unanswered if s > sent], True
     return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed_at=healed[0],
                                healed_after=healed[1])
+
+
+def _since_healed(healed_at: Optional[float], silent_from: float) -> bool:
+    """Whether a silence whose first unanswered probe was sent at ``silent_from`` began after the last healing
+    (looked at ``healed_at``; None: none yet)."""
+    return healed_at is None or silent_from > healed_at
 
 
 def status_stamp(layout: Layout) -> Any:
@@ -118,6 +136,10 @@ class MasterSeen:
     def beat(self, now: float) -> None:
         """A :class:`~procsv.ipc.messages.MasterBeat` read now."""
         self.view = master_beat(self.view, now)
+
+    def heard(self, now: float) -> None:
+        """A word from node 0 other than a beat read now (:func:`master_heard`)."""
+        self.view = master_heard(self.view, now)
 
     def probe(self, now: float) -> None:
         """Observe the answers to this agent's probes of node 0's address, then send one if due; before :meth:`lost`."""

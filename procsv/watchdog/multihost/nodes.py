@@ -30,7 +30,7 @@ from procsv.common import curve
 from procsv.watchdog import observe
 from procsv.watchdog.multihost.probes import POLL_MS, Prober
 from procsv.watchdog.publish.events import Event, Report
-from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, PROBE_WINDOW, Claim, claim_node, probes_due, suspect_after
+from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS, OWN_STALL_SECS, PROBE_WINDOW, Claim, claim_node, probes_due, suspect_after
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
@@ -64,6 +64,7 @@ class NodeLink:
         self.refusals: list[Report] = []  # refused claims not reported yet (the launcher takes them)
         self._refused: set[tuple[str, int]] = set()  # (key, node) already reported
         self._beat_at = float("-inf")
+        self._round_at = clock()  # node 0's last round (probe): one OWN_STALL_SECS late ends a stall of its own
         self.prober = Prober(clock)  # its probes of the hosts whose beats are late (rule 12)
 
     @property
@@ -173,6 +174,10 @@ class NodeLink:
         """Look at the probes out and observe what the look saw, then send those due (rule 12's :func:`probes_due`);
         each round, before the decision, so that an answer that came is never counted missing (and a probe
         unanswered counts only as long as it was out at the look, however late the decision comes)."""
+        now = self.clock()
+        if now - self._round_at >= OWN_STALL_SECS:  # (node 0 stopped or descheduled: rule 12's bound counts from now)
+            observe.resumed(self.view, now)
+        self._round_at = now
         looked_at, answers = self.prober.answers()
         observe.probes_looked(self.view, looked_at, answers)
         for node in [n for n in self.prober.out if self.view.nodes[n].lost_at is not None]:

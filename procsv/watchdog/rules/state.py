@@ -10,6 +10,8 @@ Slots name the places a process occupies: ``checkpoint``, ``summary`` and one pe
 (``trainer``, the chief: task 0; with ``--nproc N`` also ``worker1`` ... ``worker<N-1>``). Each slot holds its current
 attempt; attempts of trainers are also kept in order in :attr:`RunView.attempts` for the
 recovery report.
+
+One concern: the watchdog's picture of its run, as plain data.
 """
 
 from __future__ import annotations
@@ -288,6 +290,9 @@ class NodeView:
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
     healed_at: Optional[float] = None
     healed_after: float = 0.0
+    # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (stopped or
+    # descheduled OWN_STALL_SECS or more: the beats queued meanwhile are read a moment after): rule 12's bound counts from it
+    watched_from: float = float("-inf")
 
 
 @dataclass
