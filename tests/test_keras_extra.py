@@ -119,7 +119,7 @@ def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_fi
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "3", "--marker",
                                    os.path.join(short_tmp, "killed"), "--logdir", logdir, target=FINETUNE,
-                                   opts=("--audit", "every")), 240)
+                                   opts=("--standby", "fork", "--audit", "every")), 240)
     assert code == 0, (out, err)
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
     second = _fit_lines(out, "[trainer.2]")
