@@ -299,7 +299,9 @@ def test_a_read_that_never_returns_is_found_stuck_long_before_the_hang_timeout_a
     restarted attempt waits 4 s, quiet, in step 30 (a remote service slow today): a wait judged stuck gives
     the slot twice as long from then on, so it is not killed again (before: at 3 s, at every attempt). The
     first attempt waits as long in step 5 inside ``with sv.waiting():``: a marked wait is no hang."""
-    proc = launch(logdir, "--steps", "40", "--compute-at-step", "10", "--compute-secs", "5", "--child-compute-at-step",
+    # slow work: 4 s of computing, in the trainer and in its child, 1 s past --stuck-secs (it was 5 s: the test's
+    # 10 CPU-s were mostly these two loops, which burn CPU for as long as they last)
+    proc = launch(logdir, "--steps", "40", "--compute-at-step", "10", "--compute-secs", "4", "--child-compute-at-step",
                   "15", "--hang-at-step", "25", "--wait-at-step", "30", "--wait-secs", "4", "--marked-wait-at-step", "5",
                   "--hang-kind", "read", "--step-delay", "0.02", target=TINY,
                   opts=("--stuck-secs", "3", "--hang-grace-secs", "0.5"))
@@ -312,6 +314,6 @@ def test_a_read_that_never_returns_is_found_stuck_long_before_the_hang_timeout_a
     assert hang[0]["reason"].startswith("stuck for ") and "(--stuck-secs 3)" in hang[0]["reason"], hang[0]
     read_at = _line(TINY, "os.read(r, 1)")
     assert hang[0]["where"].startswith(f"in step (tiny_train.py:{read_at}), waiting in read(pipe:["), hang[0]
-    assert "tiny: computing in step 10 for 5 s" in out and "tiny: a child computes in step 15 for 5 s" in out
+    assert "tiny: computing in step 10 for 4 s" in out and "tiny: a child computes in step 15 for 4 s" in out
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 1
