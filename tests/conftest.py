@@ -489,6 +489,34 @@ def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) ->
     return final_weights(shared_result("clean-digits", produce))
 
 
+def _finetune_keras(folder: str) -> None:
+    """``tests/programs/keras_finetune.py`` (the fine-tuning tutorial) under Keras's own BackupAndRestore,
+    uninterrupted: its weights ``keras.npz``, its stdout ``keras.stdout``, its exit code and stderr
+    ``keras.code`` and ``keras.stderr``."""
+    done = run_python([os.path.join(PROGRAMS, "keras_finetune.py"), "keras", os.path.join(folder, "keras.npz"),
+                       "--backup", os.path.join(folder, "keras")], env=quiet_env(), timeout=120)
+    for ext, text in (("code", str(done.returncode)), ("stdout", done.stdout), ("stderr", done.stderr)):
+        with open(os.path.join(folder, f"keras.{ext}"), "w") as fh:
+            fh.write(text)
+
+
+@pytest.fixture
+def finetune_keras(shared_result: Callable[[str, Callable[[str], None]], str]) -> tuple[Any, str]:
+    """(its exit code, stdout and stderr as run_python's result, the folder of its keras.npz): the fine-tuning
+    tutorial's uninterrupted run under Keras's own callback, made once per session for the three tests that
+    compare with it (test_keras_fit_again's two, test_keras_extra's SIGKILL: each ran its own before; the
+    same program, arguments and seeds)."""
+    from types import SimpleNamespace
+
+    folder = shared_result("keras-finetune-keras", _finetune_keras)
+
+    def read(ext: str) -> str:
+        with open(os.path.join(folder, f"keras.{ext}")) as fh:
+            return fh.read()
+
+    return SimpleNamespace(returncode=int(read("code")), stdout=read("stdout"), stderr=read("stderr")), folder
+
+
 def launch_and_kill_trainer_once(logdir: str, *target_args: str, target: str, opts: tuple[str, ...] = (),
                                  env: Optional[dict[str, str]] = None, past: int = 0) -> tuple[int, str, str]:
     """Launch ``target``, SIGKILL its trainer once a checkpoint past step 0 committed (and the

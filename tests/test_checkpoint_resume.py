@@ -79,7 +79,8 @@ def test_tensorflows_checkpoint_guide_loop_with_a_supervisor_for_its_manager_res
     _guide("--tf", "--build", "--dir", os.path.join(short_tmp, "tf"), "--steps", str(steps), "--out", theirs)
     logdir, ours = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "ours.npz")
     proc = launch(logdir, "--dir", logdir, "--build", "--steps", str(steps), "--step-delay", "0.02", "--save-secs",
-                  "0.5", "--out", ours, target=GUIDE)
+                  "0.5", "--out", ours, target=GUIDE,
+                  opts=("--standby", "fork"))  # (no test here is about the standby: restarts fork)
     try:
         sigkill_attempts_after_their_commits(logdir, 2, random.Random(7), 0.4)
     finally:

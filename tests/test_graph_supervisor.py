@@ -255,7 +255,7 @@ def test_the_checkpoint_committed_from_memory_at_a_kill_has_the_meta_graph_that_
     logdir = os.path.join(short_tmp, "run")
     stats = Layout(logdir).checkpoint_stats
     proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TRAIN,
-                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01"))
+                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.01"), opts=("--standby", "fork"))  # (no standby wanted)
     try:
         wait_for(lambda: ((read_json(stats) or {}).get("memory") or {}).get("held", 0) >= 2, 120,
                  what="two in-memory snapshots held by the checkpoint service")

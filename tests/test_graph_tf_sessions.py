@@ -502,7 +502,8 @@ def test_a_program_training_only_through_raw_session_is_not_hung_and_its_checkpo
 
     from conftest import committed_steps, finish, launch, lifecycle
 
-    code, out, err = finish(launch(logdir, logdir, "200", "0.03", target=RAW_PROGRAM, opts=("--hang-timeout", "3")),
+    code, out, err = finish(launch(logdir, logdir, "200", "0.03", target=RAW_PROGRAM,
+                                   opts=("--hang-timeout", "3", "--standby", "fork")),
                             timeout=300)
     assert code == 0, err[-3000:]
     assert "raw session is a tf.compat.v1.Session: True" in out

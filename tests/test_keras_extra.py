@@ -108,18 +108,18 @@ def test_a_sigkill_in_a_programs_second_fit_passes_the_completed_first_and_resum
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
 
 
-def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_first_reports_its_epochs(short_tmp):
+def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_first_reports_its_epochs(short_tmp,
+                                                                                                     finetune_keras):
     # freeze, fit, unfreeze, a new optimizer, fit more from history.epoch[-1]; SIGKILL at fit 2's epoch 3's end.
     # The restarted program's fit 1 (completed) trains nothing and must not restore fit 2's checkpoint into its
     # frozen model and old optimizer (before: MismatchedCheckpoint), and its History names its epochs (before:
     # empty, and history.epoch[-1] raised IndexError: a start-up crash loop)
-    plain = run_python([FINETUNE, "keras", os.path.join(short_tmp, "plain.npz"), "--backup", os.path.join(short_tmp, "k")],
-                       env=quiet_env(), timeout=120)
+    plain, plain_folder = finetune_keras  # (the tutorial under Keras's own callback: the same weights)
     assert plain.returncode == 0, plain.stderr
     logdir, out_path = os.path.join(short_tmp, "run"), os.path.join(short_tmp, "procsv.npz")
     code, out, err = finish(launch(logdir, "procsv", out_path, "--kill-at", "3", "--marker",
                                    os.path.join(short_tmp, "killed"), "--logdir", logdir, target=FINETUNE,
-                                   opts=("--audit", "every")), 240)
+                                   opts=("--standby", "fork", "--audit", "every")), 240)
     assert code == 0, (out, err)
     assert any(e["event"] == "exited" and e.get("signal") == "SIGKILL" for e in lifecycle(logdir)), (out, err)
     second = _fit_lines(out, "[trainer.2]")
@@ -128,7 +128,7 @@ def test_a_sigkill_in_the_fine_tuning_tutorials_second_fit_resumes_it_and_the_fi
     assert "[trainer.2] procsv: fit 1 of this program completed before the restart: it trains nothing" in out, out
     # inside its fourth epoch, from its beginning's checkpoint or a later in-memory snapshot persisted at the death
     assert re.search(r"\[trainer\.2\] procsv: fit resumes at epoch 4, batch [1-4] ", out), out
-    assert _same(_npz(out_path), _npz(os.path.join(short_tmp, "plain.npz")))  # the uninterrupted weights
+    assert _same(_npz(out_path), _npz(os.path.join(plain_folder, "keras.npz")))  # the uninterrupted weights
     # --audit every (issue 71), in the same launch: an auditor of fit 2 restores what a restart restores, fit 1
     # only its position (fit 2's checkpoint is of the unfrozen model and its new optimizer) and fit 2 the whole
     # state; the last interval (S1 in fit 2, past step 12; S2 28, the final commit: the run's end waits for its

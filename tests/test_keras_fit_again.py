@@ -15,7 +15,6 @@ three found by an attack). Also a fit after a completed fit (fit, then fit more 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -268,29 +267,6 @@ def test_a_fit_that_raised_after_a_completed_fit_of_the_same_model_resumes_where
 
 
 FINETUNE = os.path.join(PROGRAMS, "keras_finetune.py")
-
-
-def _finetune_keras(folder: str) -> None:
-    """The tutorial under Keras's own BackupAndRestore, uninterrupted: its weights ``keras.npz``, its
-    stdout ``keras.stdout``, its exit code and stderr ``keras.code`` and ``keras.stderr``."""
-    done = run_python([FINETUNE, "keras", os.path.join(folder, "keras.npz"), "--backup", os.path.join(folder, "keras")],
-                      env=quiet_env(), timeout=120)
-    for ext, text in (("code", str(done.returncode)), ("stdout", done.stdout), ("stderr", done.stderr)):
-        with open(os.path.join(folder, f"keras.{ext}"), "w") as fh:
-            fh.write(text)
-
-
-@pytest.fixture
-def finetune_keras(shared_result) -> tuple[Any, str]:
-    """(its exit code, stdout and stderr as run_python's result, the folder of its keras.npz): the Keras side of the tutorial, made once per
-    session for the two tests below (each ran its own before; the same program, arguments and seeds)."""
-    folder = shared_result("keras-finetune-keras", _finetune_keras)
-
-    def read(ext: str) -> str:
-        with open(os.path.join(folder, f"keras.{ext}")) as fh:
-            return fh.read()
-
-    return SimpleNamespace(returncode=int(read("code")), stdout=read("stdout"), stderr=read("stderr")), folder
 
 
 def test_the_fine_tuning_tutorial_runs_its_second_fit_on_the_model_in_memory(short_tmp, finetune_keras):

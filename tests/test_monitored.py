@@ -308,11 +308,17 @@ def test_two_hooks_feeding_one_key_is_an_error_and_hooks_see_the_callers_argumen
 
 
 # ------------------------------------------------------------------ real launches
+# no hot standby (--standby fork: a restart forks the pre-warmed trainer) where the test is not about one: it
+# waited unused to the end. The seed examples' SIGKILL keeps the default: their restart promotes the standby
+NO_STANDBY = ("--standby", "fork")
+
+
 def test_stop_at_step_num_steps_is_exact_after_a_sigkill_of_the_trainer(logdir):
     from conftest import PROGRAMS
 
     code, out, err = launch_and_kill_trainer_once(logdir, "--num-steps", "150", "--step-delay", "0.02",
-                                                  "--save-steps", "20", target=f"{PROGRAMS}/monitored_train.py")
+                                                  "--save-steps", "20", target=f"{PROGRAMS}/monitored_train.py",
+                                                  opts=NO_STANDBY)
     assert code == 0, err
     st = status_json(logdir)
     assert st["restarts"] == 1 and st["step"] == 150 and st["restored_step"] > 0
@@ -339,7 +345,7 @@ def test_sigterm_to_the_launch_commits_the_last_step_through_the_checkpoint_save
     from conftest import PROGRAMS, raw_status
 
     proc = launch(logdir, "--last-step", "100000", "--step-delay", "0.005", "--save-steps", "100000",
-                  target=f"{PROGRAMS}/monitored_train.py")
+                  target=f"{PROGRAMS}/monitored_train.py", opts=NO_STANDBY)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 20, 90, what="training to start")
         proc.send_signal(signal.SIGTERM)
@@ -358,7 +364,7 @@ def test_a_nan_loss_fails_the_launch_without_a_restart(logdir):
 
     # TF's NanTensorHook behaviour: kept unless procsv rolls the NaN back itself (the default, issue 41)
     proc = launch(logdir, "--num-steps", "1000", "--nan-at-step", "60", "--step-delay", "0.01", "--save-steps", "20",
-                  target=f"{PROGRAMS}/monitored_train.py", opts=("--on-nonfinite", "stop"))
+                  target=f"{PROGRAMS}/monitored_train.py", opts=("--on-nonfinite", "stop", *NO_STANDBY))
     code, out, err = finish(proc)
     assert code == 1, err
     assert "NanLossDuringTrainingError: a failure of the program, not of the process" in err

@@ -16,6 +16,10 @@ pytestmark = pytest.mark.slow
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 # the step delay of a run whose waits are on time or events, not on steps: fewer steps (each costs CPU)
 PACED = "0.05"
+# no hot standby where a test is not about one (--standby fork: a restart forks the pre-warmed trainer): one
+# prepared beside the trainer, and again after each promotion, waited unused to the end. The chaos test keeps
+# the default: its report's recovery phases are what users get
+NO_STANDBY = ("--standby", "fork")
 
 
 def _line(path: str, text: str) -> int:
@@ -26,7 +30,7 @@ def _line(path: str, text: str) -> int:
 
 def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
     proc = launch(logdir, "--steps", "60", "--hang-at-step", "25", "--step-delay", "0.02", target=TINY,
-                  opts=("--hang-timeout", "2", "--hang-grace-secs", "0.5"))
+                  opts=("--hang-timeout", "2", "--hang-grace-secs", "0.5", *NO_STANDBY))
     code, out, err = finish(proc)
     assert code == 0, err
     events = lifecycle(logdir)
@@ -63,7 +67,7 @@ def test_a_hung_trainer_is_detected_terminated_killed_and_restarted(logdir):
 def test_a_trainer_that_crashes_after_every_checkpoint_keeps_making_progress(logdir):
     # every attempt commits its first save step (50, 100) and exits 1 right after it
     proc = launch(logdir, "--steps", "100", "--save-steps", "50", "--crash-after-commit", "--bad-attempts", "all",
-                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"))
+                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1", *NO_STANDBY))
     code, out, err = finish(proc, timeout=400)
     assert code == 0, err  # a crash after each commit: progress resets the count, max-restarts 1 is never hit
     st = status_json(logdir)
@@ -81,7 +85,7 @@ def test_a_commit_the_trainer_waited_for_counts_as_progress_though_the_watchdog_
     # commit was read after the death (CI at 25e7395). Three attempts crash (after 50, the untold
     # 100, 150): the commit of 150 shows the loop going on after the untold one
     proc = launch(logdir, "--steps", "150", "--save-steps", "50", "--crash-after-commit", "--bad-attempts", "all",
-                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1"),
+                  "--step-delay", "0.005", target=TINY, opts=("--max-restarts", "1", *NO_STANDBY),
                   env=quiet_env(PROCSV_FAULT="checkpoint:untold:2"))
     code, out, err = finish(proc, timeout=400)
     assert code == 0, err
@@ -93,7 +97,7 @@ def test_a_commit_the_trainer_waited_for_counts_as_progress_though_the_watchdog_
 
 def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
     # 600 steps of 10 ms at least: as long a window for the preempt after step 50 as 1500 of 4 ms, 40 % of the steps
-    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1000")
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1000", opts=NO_STANDBY)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
         out = run_python(["-m", "procsv", "preempt", logdir, "--target", "trainer"], env=quiet_env(), timeout=30)
@@ -207,7 +211,7 @@ def test_a_trainer_stuck_inside_a_snapshot_is_killed_after_the_busy_limit_and_re
     # hang-timeout + stop-grace-secs = 4 s here
     proc = launch(logdir, "--steps", "150", "--step-delay", "0.01", "--save-steps", "50", target=TINY,
                   env=quiet_env(PROCSV_FAULT="trainer:snapshot"),
-                  opts=("--hang-timeout", "2", "--stop-grace-secs", "2", "--hang-grace-secs", "0.5"))
+                  opts=("--hang-timeout", "2", "--stop-grace-secs", "2", "--hang-grace-secs", "0.5", *NO_STANDBY))
     code, out, err = finish(proc)
     assert code == 0, err
     events = lifecycle(logdir)
@@ -224,7 +228,7 @@ def test_a_hung_trainer_that_saves_on_sigterm_still_counts_as_a_failure(logdir):
     # preemption is restarted whatever --max-restarts says; a hang is a failure, and with
     # --max-restarts 0 a failure ends the run
     proc = launch(logdir, "--steps", "60", "--hang-at-step", "25", "--hang-until-stop", "--step-delay", "0.02",
-                  target=TINY, opts=("--hang-timeout", "2", "--hang-grace-secs", "5", "--max-restarts", "0"))
+                  target=TINY, opts=("--hang-timeout", "2", "--hang-grace-secs", "5", "--max-restarts", "0", *NO_STANDBY))
     code, out, err = finish(proc)
     assert code != 0, out
     events = lifecycle(logdir)
@@ -295,7 +299,9 @@ def test_a_read_that_never_returns_is_found_stuck_long_before_the_hang_timeout_a
     restarted attempt waits 4 s, quiet, in step 30 (a remote service slow today): a wait judged stuck gives
     the slot twice as long from then on, so it is not killed again (before: at 3 s, at every attempt). The
     first attempt waits as long in step 5 inside ``with sv.waiting():``: a marked wait is no hang."""
-    proc = launch(logdir, "--steps", "40", "--compute-at-step", "10", "--compute-secs", "5", "--child-compute-at-step",
+    # slow work: 4 s of computing, in the trainer and in its child, 1 s past --stuck-secs (it was 5 s: the test's
+    # 10 CPU-s were mostly these two loops, which burn CPU for as long as they last)
+    proc = launch(logdir, "--steps", "40", "--compute-at-step", "10", "--compute-secs", "4", "--child-compute-at-step",
                   "15", "--hang-at-step", "25", "--wait-at-step", "30", "--wait-secs", "4", "--marked-wait-at-step", "5",
                   "--hang-kind", "read", "--step-delay", "0.02", target=TINY,
                   opts=("--stuck-secs", "3", "--hang-grace-secs", "0.5"))
@@ -308,6 +314,6 @@ def test_a_read_that_never_returns_is_found_stuck_long_before_the_hang_timeout_a
     assert hang[0]["reason"].startswith("stuck for ") and "(--stuck-secs 3)" in hang[0]["reason"], hang[0]
     read_at = _line(TINY, "os.read(r, 1)")
     assert hang[0]["where"].startswith(f"in step (tiny_train.py:{read_at}), waiting in read(pipe:["), hang[0]
-    assert "tiny: computing in step 10 for 5 s" in out and "tiny: a child computes in step 15 for 5 s" in out
+    assert "tiny: computing in step 10 for 4 s" in out and "tiny: a child computes in step 15 for 4 s" in out
     st = status_json(logdir)
     assert st["state"] == "succeeded" and st["restarts"] == 1
