@@ -30,9 +30,12 @@ ARGS = ("--strategy", "multiworker", "--save-model-secs", "1", "--step-delay", "
 K = 50  # the group's in-memory snapshots: every K steps (the watchdog's PROCSV_GROUP_SNAPSHOT_STEPS default)
 # no disk checkpoint but the final one; each member prints every step (read back: where each was killed)
 SLOW = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.02", "--print-every-steps", "1")
-# for the launches whose group is never replaced (no restart, nothing about restarts asserted): no standby
-# group (two more members that bring the strategy up, build the model and trace the step) is prepared to wait
-# unused; a launch that restarts or might restart its group keeps the default, which is what users get
+# for the launches whose test is not about the standby group: none is prepared (two more members that bring the
+# strategy up, build the model and trace the step, and two more after each promotion: 1.3-1.6 CPU-s of a launch
+# that restarts its group once, measured on the hang's and the damaged copies' tests); a restart forks the next
+# group from the pre-warmed trainer (docs/testing.md). A promoted standby group's restart is
+# tests/test_standby_group.py's and test_standby_group_attacks.py's; here the random kills' launch and the SIGTERM
+# stop's keep the default, which is what users get
 NO_STANDBY = ("--standby", "fork")
 
 
@@ -157,7 +160,7 @@ def test_a_stop_while_the_restarted_chief_brings_its_strategy_up_still_stops_the
 def test_a_sigstopped_worker_is_found_hung_and_the_group_restarts_without_it(logdir):
     """worker1 SIGSTOPped at step 60: it (not the chief blocked waiting for it) is found hung and blamed,
     the group restarts once and finishes."""
-    opts = GROUP + ("--hang-timeout", "3", "--hang-grace-secs", "1")
+    opts = GROUP + NO_STANDBY + ("--hang-timeout", "3", "--hang-grace-secs", "1")
     # 160 steps of 20 ms (a sleep: ARGS' 4 ms took 300 steps, stopped at 100): the 100 after the stop's step
     # leave the stop seconds to land before the group could end, with fewer steps to compute (~11 ms of CPU each)
     proc = launch(logdir, *ARGS, "--step-delay", "0.02", "--steps", "160", opts=opts)
@@ -506,7 +509,7 @@ def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_s
     # so the newest in-memory one is newer). The chief is the one killed: it commits nothing on its way out
     env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
     # 290 steps: both of the kill's windows (steps 160-175 and 260-275) and the restored group's steps after either
-    proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "290", opts=GROUP, env=env)
+    proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "290", opts=GROUP + NO_STANDBY, env=env)
     try:
         sigkill_the_chief_past_a_disk_save(logdir)
     finally:
