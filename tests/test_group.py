@@ -387,7 +387,7 @@ def member_restores(logdir: str, attempt: int) -> list[int]:
 
 
 def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_its_in_memory_snapshot_bit_equal(
-        logdir, clean_group):
+        logdir, clean_group_half):
     """worker1, then the chief of the restarted group, SIGKILLed mid-interval long after the last disk save
     (there is none before the end): each time the whole group restarts together (forked: no standby group),
     every member restores the same step from the members' in-memory copies, re-does at most one interval,
@@ -398,17 +398,21 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_i
     # when it does, that commit is newer and restored: nothing to re-do). With a standby group ready (the
     # default on one host, once it has prepared) the survivors are SIGKILLed at once and the standby group is
     # promoted instead, which tests/test_standby_group.py shows
-    proc = launch(logdir, *SLOW, "--steps", CLEAN_STEPS, opts=GROUP + ("--standby", "fork", "--group-grace-secs", "0"))
+    # (CLEAN_HALF steps, 200, compared with clean_group_half: worker1 killed 10-25 steps past the group's first
+    # snapshot (K), the chief 60 steps past its group's restore, by step ~125, 75 before the end. Before, 400 steps
+    # and worker1's kill past step 150: 200 more steps of both members, the same intervals)
+    proc = launch(logdir, *SLOW, "--steps", str(CLEAN_HALF),
+                  opts=GROUP + ("--standby", "fork", "--group-grace-secs", "0"))
     killed = []
     try:
         group_started(logdir, 1)
-        at_step(logdir, 150)
+        at_step(logdir, K)
         st = wait_for(lambda: (lambda s: s if s and (s.get("group") or {}).get("state") == "running" else None)(
             raw_status(logdir)), 30, what="the group to be running in status.json")
         members = {p["role"]: p for p in st["processes"] if "rank" in p}
         assert set(members) == {"trainer", "worker1"} and st["group"]["nproc"] == 2
         assert members["worker1"]["rank"] == 1 and members["worker1"]["step"] > 0 and members["worker1"]["host"]
-        killed.append(("worker1", 1, sigkill_mid_interval(logdir, "worker1", "worker1.1", 150)))
+        killed.append(("worker1", 1, sigkill_mid_interval(logdir, "worker1", "worker1.1", K)))
         group_started(logdir, 2)
         again = wait_for(lambda: events(logdir, "restored") or events(logdir, "initialized")[1:], 60,
                          what="attempt 2's restore")[-1]["step"]
@@ -447,9 +451,9 @@ def test_a_killed_worker_then_a_killed_chief_each_restart_the_whole_group_from_i
     with open(os.path.join(logdir, "logs", "trainer.3.log")) as fh:
         assert f"procsv: restored step {restored[1]['step']} from the group's in-memory snapshot" in fh.read()
     assert {r["reason"] for r in events(logdir, "checkpoint_committed")} <= {"final", "preempted"}  # none from memory
-    assert committed_steps(logdir)[-1] == int(CLEAN_STEPS)
-    assert restores_with_plain_tf(logdir) == int(CLEAN_STEPS)
-    assert_bit_equal(logdir, clean_group)
+    assert committed_steps(logdir)[-1] == CLEAN_HALF
+    assert restores_with_plain_tf(logdir) == CLEAN_HALF
+    assert_bit_equal(logdir, clean_group_half)
 
 
 def final_weights_of(logdir: str) -> dict[str, Any]:

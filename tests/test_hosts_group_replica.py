@@ -17,14 +17,14 @@ import pytest
 
 from conftest import finish, launch, quiet_env, role_pid, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
-from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
-                        restores_with_plain_tf, sigkill_mid_interval)
+from test_group import (CLEAN_HALF, CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, clean_group_half,
+                        group_started, member_restores, printed_steps, restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group", "hosts"]  # fixtures, used by name
+__all__ = ["clean_group", "clean_group_half", "hosts"]  # fixtures, used by name
 
 
 def service_killed_then_worker1(logdir: str, after: int, later: int = 0, attempt: int = 1,
@@ -122,7 +122,7 @@ def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in
 
 
 def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_replica_bit_equal(
-        hosts, logdir, tmp_path, clean_group):
+        hosts, logdir, tmp_path, clean_group_half):
     # issue 70, "the master is a host too": node 0's launch SIGKILLed with everything under it (its watchdog,
     # its checkpoint service and the group's chief) mid-interval, long after the last disk save (none before
     # the end), then started again with the same command. Node 1's agent finds its master gone within 0.5 s
@@ -132,7 +132,9 @@ def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_r
     # from memory (before: a launch's first group never asked, and restored from disk: step 0 here), and the
     # run ends bit-equal to an uninterrupted group. (~25 CPU-s: one more launch of node 0 and its group)
     gate, fast = paced(tmp_path)  # (paced until the relaunched group's first step, then at once)
-    args = (*SLOW, "--steps", CLEAN_STEPS, *fast)
+    # (CLEAN_HALF steps, 200, compared with clean_group_half: the kill at step 60-75, the relaunched group from the
+    # newest snapshot before it to the end; before, CLEAN_STEPS, 400: 200 more steps of both members after it)
+    args = (*SLOW, "--steps", str(CLEAN_HALF), *fast)
     master, agent, addr = two_hosts(logdir, *args, target=PACED)
     again = None
     try:
@@ -162,7 +164,7 @@ def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_r
     restored_from_memory(logdir, 1, record, seen)
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         assert "restores from disk" not in fh.read()
-    assert_bit_equal(logdir, clean_group)
+    assert_bit_equal(logdir, clean_group_half)
 
 
 def sigkill_mid_interval_of(logdir: str, pid: int, after: int) -> int:
