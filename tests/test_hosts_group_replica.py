@@ -17,14 +17,14 @@ import pytest
 
 from conftest import finish, launch, quiet_env, role_pid, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
-from test_group import (CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, group_started, member_restores, printed_steps,
-                        restores_with_plain_tf, sigkill_mid_interval)
+from test_group import (CLEAN_HALF, CLEAN_STEPS, K, SLOW, assert_bit_equal, clean_group, clean_group_half,
+                        group_started, member_restores, printed_steps, restores_with_plain_tf, sigkill_mid_interval)
 from test_hosts import events, hosts
 from test_hosts_group_tier import restored_from_memory
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group", "hosts"]  # fixtures, used by name
+__all__ = ["clean_group", "clean_group_half", "hosts"]  # fixtures, used by name
 
 
 def service_killed_then_worker1(logdir: str, after: int, later: int = 0, attempt: int = 1,
@@ -99,30 +99,35 @@ def test_node_0s_checkpoint_service_sigkilled_twice_a_member_of_host_1_follows_i
     assert_bit_equal(logdir, clean_group)
 
 
+DISK = 100  # the damaged replica's run: its disk checkpoints, every DISK steps (the first before the service's kill)
+
+
 def test_a_copy_damaged_on_node_1_makes_the_group_restore_from_disk_saying_so_in_one_line(hosts, logdir, tmp_path):
     # every copy node 1's holder keeps is damaged after node 0's service took its checksum: node 0's
-    # checkpoint service SIGKILLed past a disk save (every 300 steps), the new service takes the
+    # checkpoint service SIGKILLed past a disk save (every DISK steps), the new service takes the
     # damaged copies back, worker1 SIGKILLed: the newest whole step (newer than the disk save) is
-    # found damaged, and the group restores the disk checkpoint, saying why in one line (450 steps: the
-    # service's kill comes at step 360-375, worker1 stopped there; the restarted group runs from 300 to the end)
+    # found damaged, and the group restores the disk checkpoint, saying why in one line (250 steps: the
+    # service's kill comes at step 160-175, worker1 stopped there; the restarted group runs from 100 to the end.
+    # Before, a save every 300 steps and 450: 200 more steps paced before the kill, the same 150 after the restore)
     env = quiet_env(PROCSV_FAULT="holder:replica_corrupt:1-100000")
     gate, fast = paced(tmp_path)  # (paced until the restarted group's first step, then at once)
-    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", "300", "--steps", "450", *fast,
+    with two_hosts_ending_well(logdir, *SLOW, "--save-checkpoint-steps", str(DISK), "--steps", str(DISK + 150), *fast,
                                agent_env=env, target=PACED, gate=gate):
         group_started(logdir, 1)
-        service_killed_then_worker1(logdir, 300 + K + 10)
+        service_killed_then_worker1(logdir, DISK + K + 10)
         group_started(logdir, 2)
     restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == 300, restored
-    assert member_restores(logdir, 2) == [300] * 2
+    assert len(restored) == 1 and restored[0]["source"] == "disk" and restored[0]["step"] == DISK, restored
+    assert member_restores(logdir, 2) == [DISK] * 2
     with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
         lines = [line for line in fh.read().splitlines() if "restores from disk" in line]
     assert len(lines) == 1 and "held on node 1 is damaged" in lines[0], lines
-    assert restores_with_plain_tf(logdir) == 450
+    assert restores_with_plain_tf(logdir) == DISK + 150
+
 
 
 def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_replica_bit_equal(
-        hosts, logdir, tmp_path, clean_group):
+        hosts, logdir, tmp_path, clean_group_half):
     # issue 70, "the master is a host too": node 0's launch SIGKILLed with everything under it (its watchdog,
     # its checkpoint service and the group's chief) mid-interval, long after the last disk save (none before
     # the end), then started again with the same command. Node 1's agent finds its master gone within 0.5 s
@@ -132,7 +137,9 @@ def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_r
     # from memory (before: a launch's first group never asked, and restored from disk: step 0 here), and the
     # run ends bit-equal to an uninterrupted group. (~25 CPU-s: one more launch of node 0 and its group)
     gate, fast = paced(tmp_path)  # (paced until the relaunched group's first step, then at once)
-    args = (*SLOW, "--steps", CLEAN_STEPS, *fast)
+    # (CLEAN_HALF steps, 200, compared with clean_group_half: the kill at step 60-75, the relaunched group from the
+    # newest snapshot before it to the end; before, CLEAN_STEPS, 400: 200 more steps of both members after it)
+    args = (*SLOW, "--steps", str(CLEAN_HALF), *fast)
     master, agent, addr = two_hosts(logdir, *args, target=PACED)
     again = None
     try:
@@ -162,7 +169,7 @@ def test_node_0_sigkilled_whole_and_relaunched_restores_the_group_from_node_1s_r
     restored_from_memory(logdir, 1, record, seen)
     with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
         assert "restores from disk" not in fh.read()
-    assert_bit_equal(logdir, clean_group)
+    assert_bit_equal(logdir, clean_group_half)
 
 
 def sigkill_mid_interval_of(logdir: str, pid: int, after: int) -> int:

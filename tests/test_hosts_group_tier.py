@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick t
 
 __all__ = ["clean_group_half", "hosts"]  # fixtures, used by name
 
-# the two runs below that kill their group several times take their in-memory snapshots every SNAP_K steps
+# the two runs below that kill their group several times take their in-memory snapshots every SNAP_K steps (the
+# random one every FOUR_K, at FOUR_PACE: the same seconds an interval lasts, below)
 # (PROCSV_GROUP_SNAPSHOT_STEPS in the environment of node 0's launch and of every agent), not K, 50 by default:
 # their kills, placed in intervals, come sooner and the runs are shorter (each step is CPU in every member, and
 # in the run they are compared with; snapshots as often change no weight). Paced until their last restarted
@@ -223,10 +224,14 @@ def clean_four(hosts, shared_result):
     return final_weights_of(shared_result(f"group-two-hosts-four-{FOUR_STEPS}", produce))
 
 
-# the random run's steps: each of its four kills comes at most 2 * SNAP_K steps past its group's restore, the last
-# one by step 160; then the fifth group runs to the end. Each step is CPU in four members, here and in the
-# reference run (with K, 50: kills 60-100 steps past each restore, 500 steps; 600 before)
-FOUR_STEPS = 200  # (40 steps left after a fourth kill that can come at step 160, 2 * SNAP_K as before)
+# the random run takes its in-memory snapshots every FOUR_K steps, paced at FOUR_PACE until its last restarted
+# group's first step: the same seconds an interval lasts as SNAP_K's at SNAP_PACE (and K's at SLOW's 0.02 s), in
+# half the steps. Its steps: each of its four kills comes at most 2 * FOUR_K steps past its group's restore, the last
+# one by step 80; then the fifth group runs to the end. Each step is CPU in four members, here and in the reference
+# run (with SNAP_K, 20, at 0.1 s: kills 30-40 steps past each restore, 200 steps; with K, 50: 60-100, 500 steps)
+FOUR_K = 10
+FOUR_PACE = "0.2"
+FOUR_STEPS = 100  # (20 steps left after a fourth kill that can come at step 80, 2 * FOUR_K as before)
 
 
 MEMBERS = ("trainer", "worker1", "worker2", "worker3")  # --nproc 2 --nnodes 2: ranks 0-1 on node 0, 2-3 on host 1
@@ -236,8 +241,9 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
         hosts, logdir, tmp_path, clean_four):
     # issue 54 point 6 over two hosts: a group of four (two members a host) loses a member of host 1
     # (worker2 or worker3, drawn), node 0's other member (worker1), the chief, and host 1 whole (its
-    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step K + 10 to 2K
-    # past its group's restore (K = SNAP_K, 20: 30-40 steps). Every restarted group restores one K-th step on
+    # agent and members SIGKILLed, a new agent launched), in a drawn order, each at a drawn step K + K / 2 to 2K
+    # past its group's restore (K = FOUR_K, 10: 15-20 steps, 3-4 s; with SNAP_K, 20, at 0.1 s: 30-40 steps, as
+    # long). Every restarted group restores one K-th step on
     # all four members from memory, host 1's from their peer copies on node 0 (a host lost: from the peer
     # copies, never disk), and the run ends bit-equal to an uninterrupted two-host group. The seed is in every
     # failure message
@@ -246,10 +252,11 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
     seed = random.SystemRandom().randrange(1 << 32)
     rng = random.Random(seed)
     kinds = (rng.choice(("worker2", "worker3")), "worker1", "trainer", "host")
-    plan = [(kind, rng.randint(SNAP_K + 10, 2 * SNAP_K)) for kind in rng.sample(kinds, 4)]
+    plan = [(kind, rng.randint(FOUR_K + FOUR_K // 2, 2 * FOUR_K)) for kind in rng.sample(kinds, 4)]
     why = f"seed {seed}, kills (kind, steps past the restore) {plan}"
     gate, fast = paced(tmp_path)  # digits paced until the fourth restarted group's first step, then at once
-    args, env = (*SLOW, "--step-delay", SNAP_PACE, "--steps", str(FOUR_STEPS), *fast), snap_env()
+    args = (*SLOW, "--step-delay", FOUR_PACE, "--steps", str(FOUR_STEPS), *fast)
+    env = quiet_env(PROCSV_GROUP_SNAPSHOT_STEPS=str(FOUR_K))
     master, node1, addr = two_hosts(logdir, *args, env=env, agent_env=env, nproc=2, target=PACED)
     agents = [node1]
     seen: list[int] = []
@@ -294,9 +301,9 @@ def test_a_two_host_group_sigkilled_at_random_steps_member_chief_and_whole_host_
                 assert last - 1 <= record["step"] <= last, (kind, record, last)
                 continue
             # memory, host 1's members from their peer copies: at most one interval plus the copies on their way
-            assert record["source"] == "peer" and record["step"] % SNAP_K == 0, (kind, record)
+            assert record["source"] == "peer" and record["step"] % FOUR_K == 0, (kind, record)
             assert record["path"] == f"the group's in-memory snapshot of step {record['step']}", record
-            assert 0 < last - record["step"] <= 2 * SNAP_K, (kind, last, record)
+            assert 0 < last - record["step"] <= 2 * FOUR_K, (kind, last, record)
             for rank in (2, 3):
                 with open(os.path.join(logdir, "logs", f"worker{rank}.{attempt}.log")) as fh:
                     assert f"procsv: member {rank} restored step {record['step']} from its peer copy on node 0" \

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from conftest import finish, kill_leftovers, launch, wait_for
-from test_group import CLEAN_STEPS, GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
-    printed_steps, sigkill_mid_interval
+from test_group import CLEAN_HALF, CLEAN_STEPS, GROUP, K, assert_bit_equal, clean_group, clean_group_half, events, \
+    group_started, member_restores, printed_steps, sigkill_mid_interval
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group"]  # the fixture: an uninterrupted group run of CLEAN_STEPS steps
+__all__ = ["clean_group", "clean_group_half"]  # the fixtures: an uninterrupted group run of CLEAN_STEPS steps, and its
+# checkpoint of CLEAN_HALF
 
 # no disk checkpoint but the final one; each member prints every step; slow enough for a standby group
 # (prepared at idle CPU priority) to be ready before the end at load
@@ -32,6 +33,11 @@ SB = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", 
 # SB's 40 ms that they had for their standby groups to get ready and their kills to land (a delay is a sleep:
 # the weights are the same)
 SB_RUN = (*SB, "--step-delay", "0.05", "--steps", CLEAN_STEPS)
+# the worker-then-chief run: the same seconds in half the steps, compared with clean_group_half (CLEAN_HALF, 200, at
+# 100 ms a step: its standby groups get as long to be ready, its kills land 10-25 steps into an interval as before,
+# and 200 steps fewer, each of both members, are computed; the last interval its second kill can land in starts
+# 16 s into the steps, 18 s at SB_RUN's)
+SB_HALF = (*SB, "--step-delay", "0.1", "--steps", str(CLEAN_HALF))
 
 
 def ready(logdir: str, attempt: int) -> list[dict[str, Any]]:
@@ -61,7 +67,7 @@ def last_step(logdir: str, attempt: int) -> int:
 
 
 def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
-        logdir, clean_group):
+        logdir, clean_group_half):
     """worker1, then the promoted chief, SIGKILLed with a standby group ready: each time both standby members are
     promoted, restore the same in-memory step, and the run ends bit-equal."""
     # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
@@ -69,7 +75,7 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
     # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked),
     # although every standby member ran the step once (on shadow copies of its variables, collectives among them)
-    proc = launch(logdir, *SB_RUN, opts=GROUP)
+    proc = launch(logdir, *SB_HALF, opts=GROUP)
     standbys = []
     try:
         group_started(logdir, 1)
@@ -98,7 +104,7 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
         last = last_step(logdir, attempt)
         assert record["step"] % K == 0 and 0 < last - record["step"] <= K, (attempt, last, record)
         assert member_restores(logdir, attempt + 1) == [record["step"]] * 2  # every member the same step
-    assert_bit_equal(logdir, clean_group)
+    assert_bit_equal(logdir, clean_group_half)
 
 
 @pytest.fixture(scope="module")
