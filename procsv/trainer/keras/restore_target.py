@@ -81,6 +81,7 @@ class WholeOrPosition:
         try:
             status = self._whole.restore(path)
             status.assert_existing_objects_matched()
+            status.expect_partial()  # the checkpoint's values it lacks (seeds, global_step) are restored by others
             if self._seeds is not None:
                 import tensorflow as tf
 
