@@ -275,6 +275,10 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         random_reason = (["the checkpoint restored holds no state of the random numbers of its Dropout-like layers "
                           "(written by an earlier procsv): this resume draws other numbers"]
                          if where.resumes and target.unseeded and target.mismatch is None else [])
+        random_reason += (["the checkpoint restored holds the random numbers' state of other Dropout-like layers than "
+                           "this model's (one added or moved, or saved by another procsv): those of this model it "
+                           "lacks draw other numbers"]
+                          if where.resumes and target.unmatched_seeds and target.mismatch is None else [])
         for reason in input_position.inexact_reasons(inp) + random_reason:
             print(f"procsv: warning: a resumed fit will not be bit-exact: {reason}", file=sys.stderr, flush=True)
         if where.resumes:

@@ -29,23 +29,32 @@ from typing import Any, Optional
 
 def seed_states(model: Any) -> dict[str, Any]:
     """The state variables (``tf.Variable``) of the Keras ``SeedGenerator`` of every layer of ``model`` (``Dropout``,
-    ``GaussianNoise``, ...; a layer nested in another's attributes too), keyed by the layer's name and the generator's
-    attribute (``dropout.seed_generator``; a name met twice, in nested models, gets its index after it): what the fit's checkpoint adds as ``seeds`` so that a restore puts back the
-    random numbers' state. Empty for a model that draws none."""
+    ``GaussianNoise``, ...; a layer nested in another's attributes too), keyed by where the layer sits in the model
+    (the path of attributes to it from the model, breadth first, then the generator's attribute:
+    ``_functional._operations.2.seed_generator``): what the fit's checkpoint adds as ``seeds`` so that a restore
+    puts back the random numbers' state. Not by the layer's name: Keras names a layer from a count kept by the
+    process (``dropout_1``), which a restarted program can count otherwise (a base model loaded from a file the
+    first run saved keeps its names, and the next ``Dropout`` made is ``dropout`` again: measured, the head's
+    state restored into the base's generator). Empty for a model that draws none."""
     import keras
     import tensorflow as tf
 
-    layers = [o for o in tf.train.TrackableView(model).descendants() if isinstance(o, keras.layers.Layer)]
-    if isinstance(model, keras.layers.Layer):
-        layers.insert(0, model)
+    view = tf.train.TrackableView(model)
+    paths: dict[int, str] = {id(model): ""}
+    queue = [model]
     states: dict[str, Any] = {}
     seen: set[int] = set()
-    for layer in layers:
-        for attr, gen in vars(layer).items():
-            if isinstance(gen, keras.random.SeedGenerator) and id(gen) not in seen:
-                seen.add(id(gen))
-                name = f"{layer.name}.{attr}"
-                states[name if name not in states else f"{name}.{len(states)}"] = gen.state.value
+    while queue:
+        obj = queue.pop(0)
+        if isinstance(obj, keras.layers.Layer):
+            for attr, gen in vars(obj).items():
+                if isinstance(gen, keras.random.SeedGenerator) and id(gen) not in seen:
+                    seen.add(id(gen))
+                    states[f"{paths[id(obj)]}.{attr}".lstrip(".")] = gen.state.value
+        for name, child in view.children(obj).items():
+            if id(child) not in paths:
+                paths[id(child)] = f"{paths[id(obj)]}.{name}".lstrip(".")
+                queue.append(child)
     return states
 
 
@@ -67,7 +76,9 @@ class WholeOrPosition:
     (None: the whole state was restored). A mismatch found mid-restore may have assigned some variables of
     ``whole`` already: a fit that goes on after one trains nothing on them (the next fit restores them). With the
     whole state, ``seeds`` (a ``tf.train.Checkpoint`` of :func:`seed_states`) where the checkpoint holds them; one
-    written before they were saved holds none (``unseeded``: True, the states left as they are: said by the fit)."""
+    written before they were saved holds none (``unseeded``: True, the states left as they are: said by the fit);
+    one whose states are not all this model's (``unmatched_seeds``: a layer that draws random numbers added or moved,
+    or keys of another version) restores those it has and leaves the others as they are (said by the fit)."""
 
     def __init__(self, whole: Any, position: Any, seeds: Any = None) -> None:
         self._whole = whole
@@ -75,18 +86,26 @@ class WholeOrPosition:
         self._seeds = seeds
         self.mismatch: Optional[str] = None
         self.unseeded = False
+        self.unmatched_seeds = False
 
     def restore(self, path: str) -> Any:
-        self.mismatch = None
+        self.mismatch, self.unseeded, self.unmatched_seeds = None, False, False
         try:
             status = self._whole.restore(path)
             status.assert_existing_objects_matched()
+            status.expect_partial()  # the checkpoint's values it lacks (seeds, global_step) are restored by others
             if self._seeds is not None:
                 import tensorflow as tf
 
                 saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
                 self.unseeded = not any(key.startswith("seeds/") for key in saved)
-                self._seeds.restore(path).expect_partial()
+                seeded = self._seeds.restore(path)
+                seeded.expect_partial()
+                if not self.unseeded:
+                    try:  # (states of other layers, or other paths: the model changed, or an older procsv's names)
+                        seeded.assert_existing_objects_matched()
+                    except AssertionError:
+                        self.unmatched_seeds = True
             return status
         except (AssertionError, ValueError) as exc:  # ValueError: "incompatible tensor with shape ... name ..."
             self.mismatch = str(exc).splitlines()[0]
