@@ -648,28 +648,42 @@ def test_the_watchdog_kills_a_hung_auditor_and_has_its_interval_replayed_by_a_fr
 
 
 
-def test_an_auditors_session_that_failed_before_s2_leaves_the_answer_to_the_programs_retry(monkeypatch) -> None:
+def test_an_auditors_session_that_failed_before_s2_leaves_the_answer_to_the_programs_retry_a_few_times(
+        monkeypatch) -> None:
     """TF's retry loop (the seeds' retry example: an AbortedError caught, a new session opened): the auditor's
     session that failed before S2 answered "the program ended at step K" and the interval went unaudited; it now
     leaves the answer to the next session (which restores S1 again), and answers at the process's exit only if the
-    program opened none. A session that ended cleanly before S2 answers at once, as before; one at S2 compares.
-    (By hand: seeds_tf1.retry --abort-at-step 330 under --audit every: both auditors aborted at 330, retried, and
-    replayed 0-600 bit-equal.)"""
+    program opened none (the last failure's reason). A program that retries for ever (helper-106: its auditor failed
+    325 times and held a finished trainer's end the whole 300 s) is answered at the FAILED_SESSIONS_MAX-th failure. A
+    session that ended cleanly before S2 answers at once, as before; one at S2 compares. (By hand:
+    seeds_tf1.retry --abort-at-step 330 under --audit every: both auditors aborted at 330, retried, and replayed 0-600
+    bit-equal.)"""
     import atexit
 
     from procsv.trainer.audit import replay as replay_module
 
-    at_exit: list[tuple[object, ...]] = []
-    monkeypatch.setattr(atexit, "register", lambda fn, *args: at_exit.append((fn, *args)))
+    at_exit: list[object] = []
+    monkeypatch.setattr(atexit, "register", at_exit.append)
+    monkeypatch.setattr(replay_module, "_failed", [])
+    answered: list[str] = []
     ended: list[int] = []
-    audit = replay_module.AuditReplay(None, (0, 600), None, None)  # type: ignore[arg-type]
-    monkeypatch.setattr(audit, "end", ended.append)
-    audit.stopped(330, failed=True)
-    assert ended == [] and len(at_exit) == 1, (ended, at_exit)
-    fn, differ, state, error = at_exit[0]
-    assert fn == audit._answer and (differ, state) == ([], "")
-    assert error == "the program's session ended with an error at step 330, before step 600, and it opened no other"
-    audit.stopped(0, failed=True)  # (the next session trained nothing: still the one after it)
-    audit.stopped(330, failed=False)  # a clean end before S2: answered now (end says the program ended short)
-    audit.stopped(600, failed=True)  # at S2: compared whatever ended it
-    assert ended == [330, 600] and len(at_exit) == 1
+
+    def session() -> replay_module.AuditReplay:  # each of the program's sessions: an AuditReplay of its own
+        audit = replay_module.AuditReplay(None, (0, 600), None, None)  # type: ignore[arg-type]
+        monkeypatch.setattr(audit, "end", ended.append)
+        monkeypatch.setattr(audit, "_answer", lambda differ, state, error: answered.append(error))
+        return audit
+
+    first = session()
+    first.stopped(330, failed=True)
+    assert ended == [] and answered == [] and len(at_exit) == 1, (ended, answered, at_exit)
+    session().stopped(0, failed=True)  # (the next session trained nothing: still the one after it)
+    session().stopped(410, failed=True)
+    at_exit[0]()  # type: ignore[operator]  # the program opened no other: its exit answers, with the last reason
+    assert answered == ["the program's session ended with an error at step 410, before step 600, and it opened no "
+                        "other"] and len(at_exit) == 1
+    session().stopped(330, failed=True)  # the third failure: no more waiting for the program's retries
+    assert answered[1:] == ["the program's session ended with an error at step 330, before step 600, 3 times"]
+    session().stopped(330, failed=False)  # a clean end before S2: answered now (end says the program ended short)
+    session().stopped(600, failed=True)  # at S2: compared whatever ended it
+    assert ended == [330, 600]

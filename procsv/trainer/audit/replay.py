@@ -53,6 +53,8 @@ from procsv.trainer.standby.wait import leave
 NEVER = float("inf")
 UNSUPPORTED = "not audited in this slice"  # an answer's error that switches the audit off (the verdict reads it)
 SKIPPED_KEYS = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter/")  # bookkeeping of a save, not training state
+FAILED_SESSIONS_MAX = 3  # an auditor's sessions that failed before S2: past this the program's retries are not waited for
+_failed: list[str] = []  # why each of this auditor process's sessions failed before S2 (each has an AuditReplay of its own)
 
 
 def digest(value: Any) -> str:
@@ -165,12 +167,20 @@ class AuditReplay:
         if step == self.start:
             return
         if failed and step < self.end_step:
-            print(f"procsv: auditor: the program's session ended with an error at step {step}, before step "
-                  f"{self.end_step}; its next session replays from step {self.start} again", flush=True)
-            atexit.register(self._answer, [], "", f"the program's session ended with an error at step {step}, "
-                            f"before step {self.end_step}, and it opened no other")
+            why = f"the program's session ended with an error at step {step}, before step {self.end_step}"
+            _failed.append(why)
+            if len(_failed) >= FAILED_SESSIONS_MAX:  # (a program that retries for ever: no answer would come)
+                self._answer([], "", f"{why}, {len(_failed)} times")
+            print(f"procsv: auditor: {why}; if the program opens another session, it replays from step {self.start} "
+                  "again", flush=True)
+            if len(_failed) == 1:
+                atexit.register(self._unanswered)
             return
         self.end(step)
+
+    def _unanswered(self) -> None:
+        """At the auditor's exit, no session having answered: the last failed session's reason."""
+        self._answer([], "", f"{_failed[-1]}, and it opened no other")
 
     def end(self, step: int) -> None:
         """Compare this process's state at ``step`` with checkpoint S2, answer, and exit 0."""
