@@ -25,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("fresh_train_api")
 PROGRAM = os.path.join(PROGRAMS, "graph_monitored_train.py")
 # for the launches whose trainer is never replaced (the aborted run recovers in its process, the SIGTERMed
 # launch and its relaunch): no hot standby is made to wait unused (--standby fork: the pre-warmed trainer
-# only); the SIGKILLed launch restarts its trainer and keeps the default, which is what users get
+# only); the SIGKILLed launch restarts its trainer and keeps the default, which is what users get: this program
+# family's one test of a restart through a promoted standby (docs/testing.md, rule 3)
 NO_STANDBY = ("--standby", "fork")
 
 

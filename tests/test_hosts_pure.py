@@ -586,3 +586,19 @@ def test_a_node_agent_looks_at_each_live_member_once_a_second_and_tells_node_0()
         out.close(0)
         into.close(0)
         zctx.term()
+
+
+def test_a_member_whose_host_was_lost_before_it_started_it_is_said_never_started_not_killed() -> None:
+    """RemoteMembers.lost adds a member asked of a lost host and never started as started with pid 0, so that the
+    host's loss ends it (HostLost) and breaks its group; its line said "worker1 attempt 3 (pid 0) was killed by
+    SIGKILL: HostLost" (helper-103's attack: a link flapping 1 s down, 1 s up). Nothing killed it: it never started."""
+    import signal
+
+    from procsv.watchdog.rules.failures import ChildError, Failure
+
+    lost = ChildError("HostLost", "node 1 (h1) went silent for 0.5 s", "", "run")
+    never = Failure("worker1", 3, 0, -signal.SIGKILL, 0.0, "/l/logs/worker1.3.log", lost)
+    assert never.headline() == "worker1 attempt 3 never started: HostLost: node 1 (h1) went silent for 0.5 s"
+    started = Failure("worker1", 3, 4242, -signal.SIGKILL, 0.0, "/l/logs/worker1.3.log", lost)
+    assert started.headline() == ("worker1 attempt 3 (pid 4242) was killed by SIGKILL: HostLost: node 1 (h1) went "
+                                  "silent for 0.5 s")

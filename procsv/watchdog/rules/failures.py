@@ -110,8 +110,11 @@ class Failure:
         return {"signal": name} if name else {"code": self.code}
 
     def headline(self, before_first_step: bool = False) -> str:
-        """One line: who, how, and the child's own exception if it recorded one."""
-        head = f"{self.role} attempt {self.attempt} (pid {self.pid}) {describe(self.code)}"
+        """One line: who, how, and the child's own exception if it recorded one. A member asked of a host that was
+        lost before it started it has pid 0 (:meth:`~procsv.watchdog.multihost.remote.RemoteMembers.lost`): it never
+        started, and nothing killed it (before: "worker1 attempt 3 (pid 0) was killed by SIGKILL: HostLost")."""
+        head = f"{self.role} attempt {self.attempt} (pid {self.pid}) {describe(self.code)}" if self.pid else \
+            f"{self.role} attempt {self.attempt} never started"
         if self.code == EXIT_PREEMPTED and self.exit_report is None:
             head += (" of its own, not as a preemption (that is a SIGTERM/SIGINT to the trainer and its checkpoint "
                      "committed): a failure")
