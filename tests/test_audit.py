@@ -27,6 +27,26 @@ from test_keras_fit import EXAMPLE, NO_STANDBY, _bit_identical, _weights, refere
 pytestmark = pytest.mark.slow
 
 
+def rolled_back_when_finished(logdir: str, err: str, start: int, end: int) -> dict:  # type: ignore[type-arg]
+    """What a caught fault in a launch's last interval ``start``-``end`` leaves, asserted: one trainer verdict, on that
+    interval, naming a host; the trainer, finished, trains again from ``start`` (the restart's cause the audit's, one
+    restore, of ``start``); the run succeeded, the host counted once. Returns the verdict's record."""
+    events = lifecycle(logdir)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
+    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (start, end), audits
+    host = wrong[0]["host"]
+    assert host, wrong
+    assert f"the trainer on host {host} computed steps {start}-{end} wrongly" in err
+    assert f"the trainer had finished; it trains again from step {start}" in err
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps {start}-{end} wrongly"], restarting
+    assert [e["step"] for e in events if e["event"] == "restored"] == [start]
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
+    return wrong[0]
+
+
 def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished_rolled_back_and_bit_equal(
         logdir, clean_weights) -> None:
     """The bit flips after step 1000, in the launch's last interval (800-1200): its verdict can only come after
@@ -38,23 +58,15 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
     code, out, err = finish(launch(logdir, "--steps", "1200", "--save-model-secs", "1000", "--save-checkpoint-steps",
                                    "400", "--step-delay", "0.02", opts=("--audit", "every"), env=env), timeout=300)
     assert code == 0, err[-3000:]
-    events = lifecycle(logdir)
-    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
-    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (800, 1200), audits
+    wrong = rolled_back_when_finished(logdir, err, 800, 1200)
+    host = wrong["host"]
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
     first = [a for a in audits if a[0] in ("mismatch", "trainer")]
     assert first[:2] == [("mismatch", 800, 1200), ("trainer", 800, 1200)], audits  # the first replay said at once
     assert "procsv: audit: a replay of steps 800-1200 differs from the trainer's checkpoint" in err
     assert ("match", 400, 800) in audits and ("match", 800, 1200) in audits, audits  # ... and again after it
-    host = wrong[0]["host"]
-    assert host and any("kernel" in d or "_trainable_variables" in d for d in wrong[0]["differ"]), wrong
-    assert f"the trainer on host {host} computed steps 800-1200 wrongly" in err
-    assert "the trainer had finished; it trains again from step 800" in err
-    restarting = [e for e in events if e["event"] == "restarting"]
-    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps 800-1200 wrongly"], restarting
-    assert [e["step"] for e in events if e["event"] == "restored"] == [800]
+    assert any("kernel" in d or "_trainable_variables" in d for d in wrong["differ"]), wrong
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
     assert st["audit"]["verdicts"]["trainer"] == 1 and st["spikes"]["transient_faults"] == {host: 1}
     shown = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=120)
     assert re.search(rf"audit \(every\): .*computed wrongly \(rolled back\), by host: {re.escape(host)} 1",
@@ -82,22 +94,12 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
     assert code == 0, err[-3000:]
     said = out + err
     assert "fault injected: bit 20 of b:0[0] flipped after step 500" in said, said[-3000:]  # (the premise)
-    events = lifecycle(logdir)
-    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
-    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (400, 600), audits
+    wrong = rolled_back_when_finished(logdir, err, 400, 600)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
     assert [a for a in audits if a[0] in ("mismatch", "trainer")][:2] == [("mismatch", 400, 600), ("trainer", 400, 600)]
     assert {("match", 0, 200), ("match", 200, 400), ("match", 400, 600)} <= set(audits), audits  # 400-600 again
-    host = wrong[0]["host"]
-    assert host and "b" in wrong[0]["differ"], wrong  # (the variable flipped: the last, b)
+    assert "b" in wrong["differ"], wrong  # (the variable flipped: the last, b)
     assert "auditor restored step 400; replaying to step 600" in said, said[-3000:]
-    assert f"the trainer on host {host} computed steps 400-600 wrongly" in err
-    assert "the trainer had finished; it trains again from step 400" in err
-    restarting = [e for e in events if e["event"] == "restarting"]
-    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps 400-600 wrongly"], restarting
-    assert [e["step"] for e in events if e["event"] == "restored"] == [400]
-    st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
     clean, got = variables_after(600), checkpoint_variables(f"{logdir}/model.ckpt-600")
     assert clean.keys() == got.keys()
     for key in clean:
@@ -184,21 +186,11 @@ def test_a_flipped_bit_in_a_keras_fit_is_caught_rolled_back_and_bit_equal(short_
     assert code == 0, err[-3000:]
     said = out + err
     assert "fault injected: bit 20 of sequential/dense_1/bias[5] flipped after step 170" in said, said[-3000:]
-    events = lifecycle(logdir)
-    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
-    wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (135, 180), audits
+    wrong = rolled_back_when_finished(logdir, err, 135, 180)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
     # the intervals before it replayed as the trainer ran them (the program is known to replay), and 135-180 again
     assert {("match", 45, 90), ("match", 90, 135), ("match", 135, 180)} <= set(audits), audits
-    host = wrong[0]["host"]
-    assert host and any("_trainable_variables/0/" in d for d in wrong[0]["differ"]), wrong
+    assert any("_trainable_variables/0/" in d for d in wrong["differ"]), wrong
     assert "auditor restored step 135; replaying to step 180" in said, said[-3000:]
     assert "fit resumes at epoch 4, batch 1 (135 batches trained" in said, said[-3000:]  # (an auditor's, a restart's)
-    assert f"the trainer on host {host} computed steps 135-180 wrongly" in err
-    assert "the trainer had finished; it trains again from step 135" in err
-    restarting = [e for e in events if e["event"] == "restarting"]
-    assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps 135-180 wrongly"], restarting
-    assert [e["step"] for e in events if e["event"] == "restored"] == [135]
-    st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 1}, st["audit"]
     assert _bit_identical(_weights(out_path), reference("tfdata", 4))
