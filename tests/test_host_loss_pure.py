@@ -209,3 +209,18 @@ def test_a_host_is_never_lost_because_node_0_itself_was_stopped_and_a_wedged_one
             break
     else:
         raise AssertionError("never found lost")
+
+
+def test_a_lost_hosts_line_and_record_say_the_same_silence() -> None:
+    """The node_lost record keeps the silence rounded to the millisecond and its line said the unrounded one: a
+    silence of 0.21549 s was "0.22 s" in the reason and 0.215 in silent_secs (fresh-clone run M's failure of
+    test_hosts, which formats the record's figure). Both now come from the rounded one."""
+    from procsv.watchdog.actionlines import node_lost_reports
+
+    for action in (NodeLost(1, 0.21549, reset=True), NodeLost(1, 0.21549, unanswered=0.4)):
+        (report,) = node_lost_reports(action, "h1", Limits())
+        assert report.fields["silent_secs"] == 0.215, report.fields
+        assert report.fields["reason"].startswith("its agent sent no heartbeat for 0.21 s and its host answered"), \
+            report.fields
+    (late,) = node_lost_reports(NodeLost(1, 4.05), "h1", Limits())
+    assert late.fields["silent_secs"] == 4.05 and "no heartbeat for 4.0 s (--node-timeout" in late.fields["reason"]

@@ -152,16 +152,17 @@ def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Repor
     """What to record when a host is found lost (rule 12): its cause, named with ``--node-timeout``, with
     the probes its host's kernel left unanswered (the fast path: a silent host, not a slow agent), or with the
     reset its host answered (its agent gone)."""
+    silent = round(action.silent_secs, 3)  # (the record's figure: its line says the same, rounded from it)
     if action.reset:
-        why = f"its agent sent no heartbeat for {action.silent_secs:.2f} s and its host answered a probe with a " \
+        why = f"its agent sent no heartbeat for {silent:.2f} s and its host answered a probe with a " \
               f"reset (no agent listens on its probe port: the agent is gone; before --node-timeout " \
               f"{limits.node_timeout:g})"
     elif action.unanswered is None:
-        why = f"its agent sent no heartbeat for {action.silent_secs:.1f} s (--node-timeout {limits.node_timeout:g})"
+        why = f"its agent sent no heartbeat for {silent:.1f} s (--node-timeout {limits.node_timeout:g})"
     else:
-        why = f"its agent sent no heartbeat for {action.silent_secs:.2f} s and its host answered no probe for " \
+        why = f"its agent sent no heartbeat for {silent:.2f} s and its host answered no probe for " \
               f"{action.unanswered:.2f} s (silent, not slow; before --node-timeout {limits.node_timeout:g})"
-    return [Report(Event.NODE_LOST, {"node": action.node, "host": host, "silent_secs": round(action.silent_secs, 3),
+    return [Report(Event.NODE_LOST, {"node": action.node, "host": host, "silent_secs": silent,
                                      "reason": why},
                    say=f"procsv: node {action.node} ({host}) is lost: {why}; its trainers count as dead; the group "
                        + (f"restarts at once on the hosts left (--min-nodes {limits.min_nodes}), and takes it back at "
