@@ -4,8 +4,8 @@ from a fork server that has already imported TensorFlow instead of started afres
 Runs in the pytest (xdist worker) process. ``import tensorflow`` costs about 2-2.5 s of CPU in every
 process that makes it, and the suite's plain reference runs and TF-twin runs (programs run under
 TensorFlow's own classes, compared with procsv's) each made it to do a second of work. The fork
-server (``tests/pyfork_server.py``, one per pytest process, started at the first run that can use
-it and ended with the session: ``close()``) imports it once; each run is a fork of it that runs the
+server (``tests/pyfork_server.py``, started at the first run that can use it and ended with the session:
+``close()``) imports it once; each run is a fork of it that runs the
 program as a fresh interpreter would (its own pid, ``sys.argv``, ``sys.path[0]``, ``__main__``,
 working directory, environment, stdin/stdout/stderr; its exit code, or ``-N`` if a signal killed
 it). Like procsv's own zygote, the server never runs a TensorFlow op, so its forks train normally.
@@ -236,6 +236,10 @@ def _children_cpu() -> float:
 
 
 _servers: list[ForkServer] = []
+# A server for each import-time environment a process's runs ask for, up to two: with one, the first run's
+# environment decided for the whole worker, and a worker whose first run came with another one (a test that
+# sets a ``TF_`` variable, say) started every later run afresh, 2-3 s of CPU each, for the rest of the suite.
+MAX_SERVERS = 2
 
 
 def close() -> None:
@@ -253,10 +257,10 @@ def _server_for(env: Mapping[str, str]) -> Optional[ForkServer]:
     for server in _servers:
         if server.can_run(env):
             return server
-    if _servers:
-        return None  # one server a process: a run whose import-time environment differs starts afresh
+    if len(_servers) >= MAX_SERVERS:
+        return None  # a third import-time environment in one process: its runs start afresh
     _servers.append(ForkServer(env, PRELOAD))
-    return _servers[0]
+    return _servers[-1]
 
 
 def run_python(argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None,

@@ -157,6 +157,7 @@ def test_the_run_is_a_process_of_its_own_and_a_timeout_kills_it(server, tmp_path
 
 def test_an_environment_that_differs_in_an_import_time_variable_starts_afresh(server, monkeypatch):
     monkeypatch.setattr(pyfork, "_servers", [server])
+    monkeypatch.setattr(pyfork, "MAX_SERVERS", 1)  # (no room for a server of its own: the next test)
     monkeypatch.delenv("PROCSV_TEST_QUICK_TF_LOG", raising=False)  # (the quick tier's runs all start afresh)
     code = "import os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), os.environ.get('PROCSV_X'))"
     base = dict(os.environ)
@@ -172,6 +173,31 @@ def test_an_environment_that_differs_in_an_import_time_variable_starts_afresh(se
     tf_config = pyfork.run_python(["-c", "import os; print(os.environ['TF_CONFIG'])"],
                                   env=dict(base, TF_CONFIG='{"task": {"type": "worker", "index": 1}}'), timeout=60)
     assert tf_config.forked and tf_config.stdout == '{"task": {"type": "worker", "index": 1}}\n'
+
+
+def test_a_second_import_time_environment_gets_a_server_of_its_own_and_a_third_starts_afresh(server, monkeypatch):
+    """Before, a process's first run decided its one server's environment: a worker whose first run set a ``TF_``
+    variable started every later ordinary run afresh. Each server is still only ever asked for runs of its own
+    import-time environment."""
+    monkeypatch.setattr(pyfork, "_servers", [server])
+    monkeypatch.setattr(pyfork, "PRELOAD", ())  # (the mechanism, without TensorFlow's import)
+    monkeypatch.delenv("PROCSV_TEST_QUICK_TF_LOG", raising=False)
+    code = "import os; print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), os.getppid())"
+    base = dict(os.environ)
+    level = "7" if base.get("TF_CPP_MIN_LOG_LEVEL") != "7" else "8"
+    other = pyfork.run_python(["-c", code], env=dict(base, TF_CPP_MIN_LOG_LEVEL=level), timeout=60)
+    try:
+        assert len(pyfork._servers) == 2 and pyfork._servers[0] is server
+        second = pyfork._servers[1]
+        assert other.forked and other.stdout == f"{level} {second.proc.pid}\n"
+        assert pyfork.import_time_env(second.env) == pyfork.import_time_env(dict(base, TF_CPP_MIN_LOG_LEVEL=level))
+        plain = pyfork.run_python(["-c", code], env=base, timeout=60)  # the first environment: the first server
+        assert plain.forked and plain.stdout == f"{base.get('TF_CPP_MIN_LOG_LEVEL')} {server.proc.pid}\n"
+        third = pyfork.run_python(["-c", code], env=dict(base, OMP_NUM_THREADS="3"), timeout=60)
+        assert not third.forked and third.returncode == 0 and len(pyfork._servers) == 2
+    finally:
+        if len(pyfork._servers) > 1:
+            pyfork._servers[1].close()
 
 
 def test_a_forked_runs_cpu_is_reported(server):
