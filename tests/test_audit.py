@@ -11,7 +11,10 @@ seeds' ``Supervisor`` loop, 600 steps saved every second (5 ms a step), the bit 
 600 steps trained again: about 10 CPU-s (measured: see the commit). The Keras one: the
 example ``fit`` (4 epochs of 45 batches, 20 ms a batch, checkpoints at each epoch's end), no hot standby, six
 auditors of 45 batches, 45 batches trained again: about 12 CPU-s; its clean reference is the plain ``fit`` the
-Keras tests share (``test_keras_fit.reference``).
+Keras tests share (``test_keras_fit.reference``). The group one: digits ``--nproc 2`` (``--strategy multiworker``),
+300 steps saved every 100, no standby group; five replays of 100 steps, each by a group of two auditors; 100 steps of
+both members trained again; its clean reference is the uninterrupted group run the group tests share
+(``test_group._clean_group_run``, its checkpoint of step 300).
 """
 
 from __future__ import annotations
@@ -27,17 +30,19 @@ from test_keras_fit import EXAMPLE, NO_STANDBY, _bit_identical, _weights, refere
 pytestmark = pytest.mark.slow
 
 
-def rolled_back_when_finished(logdir: str, err: str, start: int, end: int) -> dict:  # type: ignore[type-arg]
+def rolled_back_when_finished(logdir: str, err: str, start: int, end: int,
+                              who: str = "trainer") -> dict:  # type: ignore[type-arg]
     """What a caught fault in a launch's last interval ``start``-``end`` leaves, asserted: one trainer verdict, on that
     interval, naming a host; the trainer, finished, trains again from ``start`` (the restart's cause the audit's, one
-    restore, of ``start``); the run succeeded, the host counted once. Returns the verdict's record."""
+    restore, of ``start``: a group's chief's); the run succeeded, the host counted once. ``who``: how the line names
+    the trainer (``trainer group``: a group's). Returns the verdict's record."""
     events = lifecycle(logdir)
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
     assert len(wrong) == 1 and (wrong[0]["start"], wrong[0]["end"]) == (start, end), audits
     host = wrong[0]["host"]
     assert host, wrong
-    assert f"the trainer on host {host} computed steps {start}-{end} wrongly" in err
+    assert f"the {who} on host {host} computed steps {start}-{end} wrongly" in err
     assert f"the trainer had finished; it trains again from step {start}" in err
     restarting = [e for e in events if e["event"] == "restarting"]
     assert [e["error"] for e in restarting] == [f"audit: host {host} computed steps {start}-{end} wrongly"], restarting
@@ -74,6 +79,37 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
     shown = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=120)
     assert "1 rollback(s) by an audit" in shown.stdout and f"audit: host {host} computed" in shown.stdout, shown.stdout
     a, b = clean_weights, final_weights(logdir)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"
+
+
+def test_a_flipped_bit_in_one_workers_weights_is_caught_by_a_group_of_auditors_rolled_back_and_bit_equal(
+        logdir, shared_result) -> None:
+    """The field's case for a group (--nproc 2 on one host): one member's core flips a bit of its own copy of the
+    weights, after step 250 in worker 1. The chief's checkpoints never hold that bit, only what worker 1's gradients
+    spread through the all-reduce. Each interval is replayed by a group of two auditors of its own (before: a group was
+    not audited at all): 100-200 matches, 200-300 differs twice; the trainer group on this host is named, trains again
+    from 200 (it had finished: its end waited for the verdict) and the run succeeds, bit-equal to the uninterrupted
+    group's checkpoint of step 300."""
+    from test_group import ARGS as GROUP_ARGS, _clean_group_run
+
+    env = quiet_env(PROCSV_FAULT="worker:bitflip:250")
+    code, out, err = finish(launch(logdir, *GROUP_ARGS, "--steps", "300", "--save-model-secs", "1000",
+                                   "--save-checkpoint-steps", "100", env=env,
+                                   opts=("--nproc", "2", "--standby", "fork", "--audit", "every")), timeout=300)
+    assert code == 0, err[-3000:]
+    said = out + err  # (the members' lines: the launch's stdout)
+    assert "[worker1.1] procsv: fault injected: bit 20 of" in said and "[trainer.1] procsv: fault injected" not in said
+    rolled_back_when_finished(logdir, err, 200, 300, who="trainer group")
+    events = lifecycle(logdir)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    assert audits == [("match", 100, 200), ("mismatch", 200, 300), ("trainer", 200, 300), ("match", 200, 300)], audits
+    roles = sorted({e["role"] for e in events if e["event"] == "spawned" and e["role"].startswith("auditor")})
+    assert roles == ["auditor", "auditor1"], roles  # (each replay: a group of two)
+    assert [e["step"] for e in events if e["event"] == "restored" and e.get("role", "trainer") == "trainer"] == [200]
+    assert "[worker1.2] procsv: restored step 200" in said  # (the worker too: the group restarted whole)
+    a, b = final_weights(_clean_group_run(shared_result), 300), final_weights(logdir)
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"

@@ -24,7 +24,7 @@ from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
 from procsv.watchdog.audit import stillness
 from procsv.watchdog.rules.actions import Cause, Finish, Kill, Restart
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
-from procsv.watchdog.rules.state import AUDITOR, TRAINER
+from procsv.watchdog.rules.state import AUDITOR, TRAINER, auditor_slot
 
 GOOD = Replay((), "aaaa", "auditor-host")
 BAD = Replay(("dense/kernel",), "bbbb", "auditor-host")
@@ -331,13 +331,13 @@ def test_replays_that_agree_and_miss_the_trainer_before_the_program_is_known_to_
     assert [(i.start, i.end) for i in fault.queue] == [(200, 300)]  # (the next one, sampled or not)
     confirmed = judge(fault, GOOD)
     assert confirmed.verdict == Verdict.TRAINER and (confirmed.interval.start, confirmed.interval.end) == (100, 200)
-    assert confirmed.rollback_before == 101 and fault.exact and fault.audited_steps == 0
+    assert confirmed.rollback_before == 101 and fault.known.exact and fault.audited_steps == 0
 
     known = _book(steps=())  # once an interval the trainer ran on has matched, a mismatch is the trainer's at once
     for s in (100, 200, 300):
         committed(known, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
     judge(known, GOOD, GOOD)
-    assert known.exact and judge(known, BAD, BAD).verdict == Verdict.TRAINER
+    assert known.known.exact and judge(known, BAD, BAD).verdict == Verdict.TRAINER
 
     resumed = AuditBook(mode=AuditMode.EVERY)  # a restarted trainer's first interval: its start is a fresh process's
     committed(resumed, 100, "/l/model.ckpt-100", eligible=True, attempt=1)
@@ -365,7 +365,7 @@ def test_an_interval_from_the_step_its_trainer_began_at_is_a_fresh_start_as_the_
     for s in (0, 200, 400, 600):
         committed(seeded, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1, began=0)
     assert [i.resumed for i in seeded.queue] == [True, False, False]
-    assert judge(seeded, GOOD, GOOD).verdict == Verdict.MATCH and not seeded.exact
+    assert judge(seeded, GOOD, GOOD).verdict == Verdict.MATCH and not seeded.known.exact
     assert judge(seeded, BAD, BAD).verdict == Verdict.UNDECIDED
     off = judge(seeded, BAD, BAD)
     assert off.verdict == Verdict.NONDETERMINISTIC and "do not replay from a checkpoint" in seeded.off
@@ -508,29 +508,35 @@ class _Ex:
         self.defer = False  # a fork asked stays pending (in ``pending``) until the test answers or drops it
         self.pending: set[int] = set()
         self.cpu: dict[int, float] = {}  # each auditor's CPU seconds (0: it uses none)
+        self.paused: list[tuple[str, int, bool]] = []
+        self.reap_kills = False  # a Kill performed reaps its child at once (else the test says when it died)
 
     def clock(self) -> float:
         return self.sim.now
 
-    def fork_auditor(self, attempt: int, extra: dict) -> bool:  # type: ignore[type-arg]
+    def fork_auditor(self, attempt: int, extra: dict, members: int = 1) -> bool:  # type: ignore[type-arg]
         self.forked.append((attempt, extra[AUDIT]))
         if self.defer:
             self.pending.add(attempt)
             return True
-        observe.spawned(self.sim.view, AUDITOR, AUDITOR, attempt, 1000 + attempt, self.sim.now, "zygote")
+        for rank in range(members):  # (a group's replay: a group of auditors, slots auditor, auditor1, ...)
+            observe.spawned(self.sim.view, auditor_slot(rank), AUDITOR, attempt, 1000 + 10 * attempt + rank,
+                            self.sim.now, "zygote")
         return True
 
     def asking(self, slot: str, attempt: int) -> bool:
         return slot == AUDITOR and attempt in self.pending
 
     def pause(self, slot: str, attempt: int, stopped: bool) -> None:
-        pass
+        self.paused.append((slot, attempt, stopped))
 
     def cpu_secs(self, slot: str, attempt: int) -> float:
-        return self.cpu.get(attempt, 0.0)
+        return self.cpu.get(attempt, 0.0) if slot == AUDITOR else 0.0  # (a group's workers: none of their own)
 
     def perform(self, action: object) -> None:
         self.performed.append(action)
+        if self.reap_kills and isinstance(action, Kill) and action.slot in self.sim.view.children:
+            self.sim.dies(action.slot, -9)  # (SIGKILLed: reaped at once)
 
 
 def _audited(sim: Sim, steps: tuple[int, ...]) -> tuple[Auditors, _Ex, list[Report]]:
@@ -687,3 +693,91 @@ def test_an_auditors_session_that_failed_before_s2_leaves_the_answer_to_the_prog
     session().stopped(330, failed=False)  # a clean end before S2: answered now (end says the program ended short)
     session().stopped(600, failed=True)  # at S2: compared whatever ended it
     assert ended == [330, 600]
+
+
+def test_a_groups_fault_kept_outside_its_checkpoint_is_rolled_back_on_trial_and_a_program_that_does_not_replay_once() -> None:
+    """A group's checkpoint is its chief's: a bit flipped in a worker's copy of the weights stays in that worker, so every
+    interval after it differs too (measured: the audit switched itself off, the fault taken for a program that does not
+    replay). In a group the second differing interval rolls back once to the first's start, on trial, no host blamed;
+    the next interval the group ran on from before its start decides: it matches (the fault was the group's: a trainer
+    verdict, its rollback made already); it differs (the program does not replay: off, and no second rollback)."""
+    def group_book() -> AuditBook:
+        book = AuditBook(mode=AuditMode.EVERY, group=True)
+        for s in (100, 200, 300):
+            committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+        assert judge(book, BAD, BAD).verdict == Verdict.UNDECIDED
+        trial = judge(book, BAD, BAD)
+        assert trial.verdict == Verdict.TRIAL and (trial.interval.start, trial.interval.end) == (100, 200)
+        assert trial.rollback_before == 101 and "on trial" in trial.line and "{host}" not in trial.line
+        assert not book.off and holds(book) == [100]  # (where it rolls back: kept until restored)
+        rb = rollback(trial, 1, True, False, False, 300, "h")
+        assert rb is not None and rb.before == 101 and "on trial" in rb.why and "computed" not in rb.why
+        rolled_back(book, trial)
+        for s, attempt in ((150, 2), (250, 2)):  # trained again from 100: first an interval from where it began
+            committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=attempt, began=100)
+        assert [i.resumed for i in book.queue] == [True, False]
+        assert judge(book, GOOD).verdict == Verdict.MATCH and book.known.trial is not None  # (resumed: proves nothing)
+        return book
+
+    fault = group_book()
+    confirmed = judge(fault, GOOD)  # the group computed 100-200 wrongly: it replays as it ran, now
+    assert confirmed.verdict == Verdict.TRAINER and (confirmed.interval.start, confirmed.interval.end) == (100, 200)
+    assert confirmed.made and confirmed.rollback_before is None and "rolled back to step 100 on trial" in confirmed.line
+    assert rollback(confirmed, 2, True, False, False, 250, "h") is None  # (made already: nothing rolled back again)
+    assert fault.known.exact and fault.known.trial is None and fault.anchor == 250 and fault.audited_steps == 150
+    assert [v.verdict for v in fault.verdicts[-2:]] == [Verdict.MATCH, Verdict.TRAINER]  # (250's match kept too)
+
+    inexact = group_book()
+    off = judge(inexact, BAD, BAD)  # it differs again after the trial: the program's state is not all in its checkpoint
+    assert off.verdict == Verdict.NONDETERMINISTIC and off.rollback_before is None and "on trial" in inexact.off
+    assert not any(v.verdict == Verdict.TRAINER for v in inexact.verdicts) and holds(inexact) == []
+
+    alone = AuditBook(mode=AuditMode.EVERY)  # a single trainer: its wrong bit is in its checkpoint, no trial (as before)
+    for s in (100, 200, 300):
+        committed(alone, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(alone, BAD, BAD)
+    assert judge(alone, BAD, BAD).verdict == Verdict.NONDETERMINISTIC and alone.known.trial is None
+
+    ends = group_book()  # the run ends with the trial undecided: its rollback stands, no verdict on it
+    left = ends.ended()
+    assert left is not None and left.verdict == Verdict.UNAUDITED and "trial's rollback stands" in left.line
+
+
+def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_and_none_over_hosts_or_with_ps() -> None:
+    from procsv.watchdog.audit.auditors import replayers
+
+    assert replayers(1, 1, False) == (1, None) and replayers(3, 1, False) == (3, None)
+    members, why = replayers(4, 2, False)
+    assert members == 0 and why is not None and "--nnodes 2" in why
+    assert replayers(2, 1, True)[0] == 0
+
+
+def test_a_groups_replay_is_one_auditor_a_members_death_is_its_death_and_the_rest_is_killed() -> None:
+    """--nproc 2 on one host: each interval is replayed by a group of two auditors (auditor, auditor1). worker 1 of the
+    replay SIGKILLed: the replay died (its chief, left waiting in a collective, killed), and a fresh group replays
+    the interval after the wait; a worker that exits 0 after its chief's answer is no death; the duty cycle never
+    stops one member without the other."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said = _Ex(sim), []  # type: ignore[var-annotated]
+    ex.reap_kills = True
+    audits = Auditors("every", ex, sim.view, 2, said.extend, lambda msg: None)  # type: ignore[arg-type]
+    assert audits.members == 2 and not audits.book.off and audits.book.group
+    for s in (100, 200):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+    audits.round()
+    assert ex.forked == [(1, "100:200")] and {AUDITOR, "auditor1"} <= set(sim.view.children)
+    sim.dies("auditor1", -9)
+    audits.round()
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(AUDITOR, 1)]  # its chief, left
+    assert audits.book.deaths.total == 1 and audits.running is None
+    assert any("the auditors' member auditor1 was killed by SIGKILL" in r.say for r in said), [r.say for r in said]
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]
+    audits.heard(AuditResult(1020, 2, 100, 200, [], "aaaa", "h"))  # (the first interval: replayed twice)
+    sim.dies(AUDITOR, 0)
+    sim.dies("auditor1", 0)
+    audits.round()
+    assert audits.book.deaths.total == 1 and ex.forked[-1] == (3, "100:200")  # no death: the second replay
+    assert audits.running == 3 and [p for p in ex.paused if p[1] == 3] in ([], [(AUDITOR, 3, True), ("auditor1", 3, True)])

@@ -428,7 +428,8 @@ class Supervisor(SupervisorNames):
             agent.heartbeat(channels, step, self._clock())
         if self.restored_from:
             print(f"procsv: restored step {step} from {os.path.basename(self.restored_from)}", flush=True)
-        bitflip.arm(self._session, self.checkpoint, lambda: self._state.step)  # (the tests' silent corruption; nothing
+        bitflip.arm(self._session, self.checkpoint, lambda: self._state.step,  # (the tests' silent corruption; nothing
+                    "trainer" if self.is_chief else "worker")
         # unless PROCSV_FAULT says)
         self._boundary.start(save=bool(self._graph and self._graph.checkpoint_at_start and start_standard_services
                                        and self.save_model_secs))  # TF's checkpoint thread saves as it starts

@@ -51,7 +51,7 @@ from procsv.watchdog.pstasks import PsCluster
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.group import blame, rank_of, worker_slot, workers as group_workers
-from procsv.watchdog.rules.state import (AUDITOR, CHECKPOINT, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
+from procsv.watchdog.rules.state import (AUDITOR, CHECKPOINT, auditor_slot, PS, SERVER, SERVICE_ROLES, STANDBY, TRAINER, WORKER, RunView,
                                          ZygoteState)
 from procsv.watchdog.seeds import ServiceSeed
 from procsv.watchdog.multihost.stackasks import remote_members
@@ -319,13 +319,24 @@ class Executor(Prewarmed):
         if mutex is not None:  # no standby this time: no process will hold its mutex
             mutex.remove()
 
-    def fork_auditor(self, attempt: int, extra: dict[str, str]) -> bool:
+    def fork_auditor(self, attempt: int, extra: dict[str, str], members: int = 1) -> bool:
         """Ask the zygote for auditor ``attempt`` (issue 71: a trainer process of its own role, told its interval in
-        ``extra``), from the zygote only, holding no death-notice mutex; False: not asked (no zygote ready)."""
-        env = {**self._env(AUDITOR, attempt), **extra}
-        pending = PendingFork(AUDITOR, attempt, env, self.layout.attempt_log(AUDITOR, attempt), None, AUDITOR,
-                              AUDIT_FORK_RANK)
-        return self.fork(pending, self.cfg.target, self.cfg.args)
+        ``extra``), from the zygote only, holding no death-notice mutex; False: not asked (no zygote ready). A group's
+        (``members`` > 1, on this host): that many, a group of their own (``TF_CONFIG`` on ports free now, as a
+        trainer group's; member R in slot :func:`~procsv.watchdog.rules.state.auditor_slot`), which replays the
+        interval as the group would after a restart."""
+        cluster = [f"127.0.0.1:{port}" for port in spawn.free_ports(members)] if members > 1 else []
+        for rank in range(members):
+            slot = auditor_slot(rank)
+            env = {**self._env(AUDITOR, attempt), **extra}
+            if cluster:
+                env.update({NPROC: str(members), RANK: str(rank), GROUP_HOSTS: "1",
+                            "TF_CONFIG": make_tf_config(cluster, rank)})
+            pending = PendingFork(slot, attempt, env, self.layout.attempt_log(slot, attempt), None, AUDITOR,
+                                  AUDIT_FORK_RANK + rank)
+            if not self.fork(pending, self.cfg.target, self.cfg.args):
+                return rank > 0  # (members asked already: their answers come, the rest is the replay's death)
+        return True
 
     def pause(self, slot: str, attempt: int, stopped: bool) -> None:
         """Stop (SIGSTOP) or continue (SIGCONT) this host's child ``attempt`` of ``slot``: the audit's duty cycle
@@ -414,7 +425,7 @@ class Executor(Prewarmed):
         # by its task (worker1.3.log)
         rank = rank_of(slot) if role == STANDBY else 0
         name = (TRAINER if rank == 0 else worker_slot(rank)) if role == STANDBY else \
-            slot if role in (WORKER, PS, SERVER) else role
+            slot if role in (WORKER, PS, SERVER, AUDITOR) else role
         handle = ChildProcess(slot, name, attempt, proc, log_path)
         handle.take_over_log(self.handles.values())
         self.handles[(slot, attempt)] = handle

@@ -27,7 +27,7 @@ from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, w
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
 from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
-from procsv.watchdog.rules.state import (PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
+from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
 
 
@@ -41,7 +41,7 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     child.commit_base = view.commit_step
     if role == STANDBY:
         child.state = ProcState.STANDBY
-    name = slot if role in (WORKER, PS, SERVER, STANDBY) else role  # by their task: worker1, ps0, standby1
+    name = slot if role in (WORKER, PS, SERVER, STANDBY, AUDITOR) else role  # by their task: worker1, ps0, standby1, auditor1
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 

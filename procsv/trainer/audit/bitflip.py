@@ -1,5 +1,7 @@
 """The tests' silent data corruption (issue 71): ``PROCSV_FAULT=trainer:bitflip:<n>`` flips one bit of one
-weight once, right after the n-th step this trainer runs (its first attempt only: :mod:`procsv.common.faults`).
+weight once, right after the n-th step this trainer runs (its first attempt only: :mod:`procsv.common.faults`); in a
+group, ``trainer:`` is its chief's, ``worker:bitflip:<n>`` each worker's (a fault in one member of two, as the
+field has it: only that member's copy of the weights is wrong, and its gradients spread it through the all-reduce).
 
 Runs in the trainer (never in an auditor: its Supervisor replays before this is armed). Nothing fails, nothing
 is said: the weight is simply wrong from then on, as a mercurial core would leave it, and every snapshot after
@@ -65,11 +67,12 @@ def flip_in_graph(variable: Any, session: Any, bit: int = BIT) -> None:
     session.run(init, {init.inputs[1]: flipped(session.run(variable), bit)})
 
 
-def arm(session: Any, checkpoint: Any, step: Callable[[], int]) -> None:
+def arm(session: Any, checkpoint: Any, step: Callable[[], int], process: str = "trainer") -> None:
     """Wrap ``session.run`` so that the step :mod:`procsv.common.faults` names flips one bit (when
     ``PROCSV_FAULT`` names this point; else nothing is wrapped and the step path is unchanged). ``step``: the
-    session's step now (a graph program's run is a step when it moved it)."""
-    if not read_faults().spec.startswith("trainer:bitflip") or checkpoint is None:
+    session's step now (a graph program's run is a step when it moved it). ``process``: ``trainer``, or ``worker``
+    for a group's worker."""
+    if not read_faults().spec.startswith(f"{process}:bitflip") or checkpoint is None:
         return
     run: Callable[..., Any] = session.run
     graph = isinstance(checkpoint, NameBasedCheckpoint)
@@ -78,7 +81,7 @@ def arm(session: Any, checkpoint: Any, step: Callable[[], int]) -> None:
         before = step()
         out = run(fetches, *args, **kwargs)
         stepped = step() != before if graph else callable(fetches)
-        if stepped and faults.fires("trainer", "bitflip"):
+        if stepped and faults.fires(process, "bitflip"):
             target = victim(checkpoint)
             if target is not None:
                 if graph:

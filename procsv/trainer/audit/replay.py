@@ -19,7 +19,10 @@ S2. A program with no state to save answers with an error (:data:`UNSUPPORTED`).
 The replay is a restart's: S1 counts as the checkpoint restored (the agent's ``restored_from``), so Keras ``fit``
 (:mod:`procsv.trainer.keras.fit`) resumes at S1's epoch and batch with the earlier epochs' input put back, and at
 S2 what a snapshot writes first runs (:attr:`AuditReplay.prepare`: the step, ``fit``'s position) before the state
-is read. A session that trains nothing (a Keras ``fit`` that completed before S1) leaves the answer to the
+is read. A group's replay (``--nproc N`` on one host) is N auditors, a group of their own (their own ``TF_CONFIG``):
+each restores S1 as a restarted group's member restores the checkpoint its chief pinned, they replay the interval
+together (each step's all-reduce), each reads its state at S2, and the chief alone answers (the trainer's checkpoint
+is its chief's; every member's step reaches it through the all-reduce). A session that trains nothing (a Keras ``fit`` that completed before S1) leaves the answer to the
 program's next session (:meth:`AuditReplay.stopped`), which replays from S1 again, as a restart's next fit does; a
 restore target a front-end chose (a Keras fit's: only its position when S1 is a later fit's of another model) is
 restored in place of the checkpoint object, as at a restart.
@@ -194,6 +197,12 @@ class AuditReplay:
         self._answer(differing(mine, self.theirs), whole(mine), "")
 
     def _answer(self, differ: list[str], state: str, error: str) -> NoReturn:
+        """Say the answer (a group's replay: its chief alone, the replay's answer; a worker, whose state the chief's
+        checkpoint does not hold, only leaves, once its state was read as every member's is: a read of a variable
+        synced on read is a collective) and leave."""
+        if self.ctx.rank != 0:
+            sys.stdout.flush()
+            leave()
         msg = AuditResult(os.getpid(), self.ctx.attempt, self.start, self.end_step, differ, state,
                           socket.gethostname(), error)
         said = "bit-equal to the trainer's checkpoint" if not (differ or error) else \

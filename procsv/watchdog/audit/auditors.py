@@ -40,30 +40,32 @@ from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.actions import Cause, Kill
 from procsv.watchdog.rules.failures import describe
-from procsv.watchdog.rules.state import AUDITOR, TRAINER, ChildView, RunView
+from procsv.watchdog.rules.state import AUDITOR, TRAINER, ChildView, RunView, auditor_slot
 
 
 class Auditors:
     """The launch's audit: its :class:`AuditBook`, the auditor running (its attempt, and whether it answered)."""
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
-                 report: Callable[[list[Report]], None], tell: Callable[[Message], None]) -> None:
-        self.book = AuditBook(mode=AuditMode(mode))
-        if world > 1 and self.book.mode != AuditMode.OFF:  # (no interval of a group is eligible: said once, at the start)
-            self.book.off = f"a group (--nproc {world}) is not audited in this slice; audit off for this launch"
+                 report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
+                 ps: bool = False) -> None:
+        self.members, off = replayers(world, hosts, ps)
+        self.book = AuditBook(mode=AuditMode(mode), group=self.members > 1)
+        if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
+            self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
-        self.ex, self.view, self.world, self.report, self.tell = ex, view, world, report, tell
+        self.ex, self.view, self.report, self.tell = ex, view, report, tell
         self.host = socket.gethostname()  # the trainer's (a single trainer runs on the watchdog's host)
         self.attempt = 0  # the auditors forked so far
         self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
         self.answered = False
+        self.dead = False  # the running replay died (a member did, or its fork was given up on): its rest is killed
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
         self.quarantined: list[AuditQuarantine] = []  # the wrong timelines' checkpoints told to it (again at its Hello)
         self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
         self.end_waits = False  # a trainer that finished waits for the audit: the run's end held (judge reads it)
         self.duty = duty.DutyCycle()
-        self.dropped_steps = 0  # the steps of intervals dropped unreplayed (--audit every: a hole)
-        self.said_dropped = False
+        self.said_dropped = False  # a hole under --audit every was said (once a launch)
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
         self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
@@ -87,7 +89,7 @@ class Auditors:
             if late(self.book, msg.attempt) or (msg.attempt and trainer is not None and msg.attempt < trainer.attempt):
                 return  # a late commit of an attempt that is gone (a rolled-back one's, say): no interval of its
             last = self.book.last.step if self.book.last is not None else msg.step
-            eligible = self.world == 1 and not any(last < s <= msg.step for s in self.view.skipped_steps)
+            eligible = self.members > 0 and not any(last < s <= msg.step for s in self.view.skipped_steps)
             # the step its attempt began at (its TrainerReady's): an interval from there replays a fresh start
             began = trainer.restored_step if trainer is not None and trainer.attempt == msg.attempt \
                 and trainer.ready_at is not None else None
@@ -109,26 +111,21 @@ class Auditors:
     def round(self) -> None:
         """An auditor that ended without answering: killed or crashed (or its fork from the zygote given up on, no
         auditor started), its interval is replayed by a fresh auditor (:func:`~procsv.watchdog.audit.verdict.died`); exited 0 (the program ended before its replay began), an answer
-        with an error. Then the next auditor, if one is due and the zygote can fork it while the run goes on (or while
-        a finished trainer waits for it)."""
+        with an error. A group's replay (:attr:`members` auditors) is one auditor for all this: it died when any member
+        did (or its fork was given up on); its members still live once it answered or died are killed (a worker left
+        waiting in a collective for a chief that is gone). Then the next auditor, if one is due and the zygote can fork
+        it while the run goes on (or while a finished trainer waits for it)."""
         if self.book.mode == AuditMode.OFF:
             return
-        child = self.view.children.get(AUDITOR)
-        if self.running is not None and (child is None or child.attempt != self.running) \
-                and not self.ex.asking(AUDITOR, self.running):  # its fork was given up on (the zygote died, stalled)
-            self._died(Replay((), "", self.host, "the auditor's fork was given up on (the pre-warmed trainer died or "
-                                                 "stalled)", self.running))
-            self.running = None
-        if self.running is not None and child is not None and child.attempt == self.running and not child.live:
-            if not self.answered and child.exit_code == 0:
-                self._judge(Replay((), "", self.host, "the auditor exited with 0 before its answer", self.running))
-            elif not self.answered:
-                how = describe(child.exit_code) if child.exit_code is not None else "died"
-                self._died(Replay((), "", self.host, self.hung or f"the auditor {how} before its answer", self.running))
-            self.running, self.hung = None, None
+        members = self._members()
+        child = members[0] if members else None  # the replay's chief: its answer is the replay's
+        if self.running is not None and not self.answered:
+            self._ended(members)
+        if self.running is not None and (self.answered or self.dead) and not any(c.live for c in members):
+            self.running, self.hung, self.dead = None, None, False
         self._hold()
-        self._watch(child)
-        self._pace(child)
+        self._watch(members)
+        self._pace(members)
         if self.view.finishing or self.running is not None:
             return
         trainer = self.view.children.get(TRAINER)
@@ -137,20 +134,55 @@ class Auditors:
         interval = next_replay(self.book, auditor_running=False, now=self.ex.clock())
         if interval is None:
             return
-        if self.ex.fork_auditor(self.attempt + 1, {AUDIT: f"{interval.start}:{interval.end}"}):
+        if self.ex.fork_auditor(self.attempt + 1, {AUDIT: f"{interval.start}:{interval.end}"}, self.members):
             self.attempt += 1
             self.running, self.answered = self.attempt, False
             self._publish()
 
+    def _members(self) -> list[ChildView]:
+        """The running replay's processes this host started, its chief first (none asked: empty)."""
+        if self.running is None:
+            return []
+        return [c for c in (self.view.children.get(auditor_slot(r)) for r in range(self.members))
+                if c is not None and c.attempt == self.running]
+
+    def _ended(self, members: list[ChildView]) -> None:
+        """The running replay, not answered: did it end without an answer (a member's fork given up on, a member
+        dead, its chief exited)? Then its death (or an answer with an error), and its members still live killed."""
+        assert self.running is not None
+        given_up = [auditor_slot(r) for r in range(self.members)
+                    if not any(c.slot == auditor_slot(r) for c in members) and not self.ex.asking(auditor_slot(r),
+                                                                                              self.running)]
+        dead = next((c for c in members if not c.live and c.exit_code != 0), None)
+        chief = members[0] if members and members[0].slot == AUDITOR else None
+        if given_up:  # its fork was given up on (the zygote died, stalled)
+            self._died(Replay((), "", self.host, "the auditor's fork was given up on (the pre-warmed trainer died or "
+                                                 "stalled)", self.running))
+        elif dead is not None:
+            how = describe(dead.exit_code) if dead.exit_code is not None else "died"
+            who = "the auditor" if self.members == 1 else f"the auditors' member {dead.slot}"
+            self._died(Replay((), "", self.host, self.hung or f"{who} {how} before its answer", self.running))
+        elif chief is not None and not chief.live:
+            self._judge(Replay((), "", self.host, "the auditor exited with 0 before its answer", self.running))
+            return
+        else:
+            return
+        self.dead = True
+        self._kill_rest(members, "the replay died")
+
+    def _kill_rest(self, members: list[ChildView], why: str) -> None:
+        """SIGKILL the replay's members still live (a group's workers, once its chief answered or any member died)."""
+        for c in members:
+            if c.live and not c.killed:
+                self.ex.perform(Kill(c.slot, c.attempt, Cause.AUDIT, why))
+
     def _holes(self) -> None:
-        """Intervals dropped unreplayed (the auditor fell behind past what merging covers): counted, and said once
-        a launch under ``--audit every`` (a fault in them goes unseen for good: every later interval starts from
+        """Intervals dropped unreplayed (the auditor fell behind past what merging covers; counted by the book): said
+        once a launch under ``--audit every`` (a fault in them goes unseen for good: every later interval starts from
         the state they left)."""
         gone, self.book.dropped = self.book.dropped, []
         if not gone:
             return
-        steps = sum(b - a for a, b in gone)
-        self.dropped_steps += steps
         if self.book.mode == AuditMode.EVERY and not self.said_dropped:
             self.said_dropped = True
             spans = ", ".join(f"{a}-{b}" for a, b in gone)
@@ -160,34 +192,38 @@ class Auditors:
                                     "in status.json's audit.dropped_steps", err=True)])
         self._publish()
 
-    def _watch(self, child: Optional[ChildView]) -> None:
-        """Read the running auditor's CPU when due; SIGKILL it if :meth:`~procsv.watchdog.audit.stillness.Stillness.heard` finds
-        it hung (its death then has its interval replayed by a fresh auditor, the hang its reason)."""
+    def _watch(self, members: list[ChildView]) -> None:
+        """Read the running replay's CPU (a group's: its members', summed) when due; SIGKILL it if
+        :meth:`~procsv.watchdog.audit.stillness.Stillness.heard` finds it hung (its death then has its interval replayed by
+        a fresh auditor, the hang its reason)."""
         now = self.ex.clock()
-        live = child is not None and child.live and child.attempt == self.running and not self.answered
+        live = [c for c in members if c.live] if not (self.answered or self.dead) else []
         if self.hung is not None or (live and not self.still.due(now)):
             return
-        attempt = child.attempt if live and child is not None else None
-        cpu = self.ex.cpu_secs(AUDITOR, attempt) if attempt is not None else None
+        attempt = self.running if live else None
+        used = [self.ex.cpu_secs(c.slot, c.attempt) for c in live]
+        cpu = sum(u for u in used if u is not None) if live and any(u is not None for u in used) else None
         why = self.still.heard(now, attempt, cpu, self.stopped is None)
         if why is not None and attempt is not None:
             self.hung = why
-            self.ex.perform(Kill(AUDITOR, attempt, Cause.AUDIT, why))
+            for c in live:
+                self.ex.perform(Kill(c.slot, c.attempt, Cause.AUDIT, why))
 
-    def _pace(self, child: Optional[ChildView]) -> None:
-        """Stop or continue the auditor as the duty cycle says (it runs free while the trainer does not train)."""
+    def _pace(self, members: list[ChildView]) -> None:
+        """Stop or continue the replay (every member of a group's together) as the duty cycle says (it runs free while
+        the trainer does not train)."""
         trainer = self.view.children.get(TRAINER)
-        live = child is not None and child.live and child.attempt == self.running
+        live = [c for c in members if c.live]
         free = self.view.finishing or trainer is None or not trainer.live
-        run = duty.tick(self.duty, self.ex.clock(), free, live)
+        run = duty.tick(self.duty, self.ex.clock(), free, bool(live))
         if not live:
             self.stopped = None
             return
-        assert child is not None
-        if run == (self.stopped == child.attempt):  # (stopped and to run, or running and to stop)
-            self.ex.pause(AUDITOR, child.attempt, stopped=not run)
+        if run == (self.stopped == self.running):  # (stopped and to run, or running and to stop)
+            for c in live:
+                self.ex.pause(c.slot, c.attempt, stopped=not run)
             self.still.switched(self.ex.clock())
-            self.stopped = None if run else child.attempt
+            self.stopped = None if run else self.running
             self._publish()
 
     def _finished(self) -> Optional[ChildView]:
@@ -220,7 +256,11 @@ class Auditors:
 
     def _judge(self, replay: Replay) -> None:
         interval = self.book.current
+        kept = sum(self.book.counts.values())
         judged = replayed(self.book, replay)
+        also = sum(self.book.counts.values()) - kept - 1  # (a trial's confirmation keeps the interval's own match too)
+        if judged is not None and also > 0:
+            self.report([_record(j, self.host) for j in self.book.verdicts[-1 - also:-1]])
         self._publish()
         if judged is None:  # a second replay of the same interval: forked at the next round
             if replay.differ and interval is not None:  # said now: under a slow duty cycle the verdict may be long
@@ -238,13 +278,14 @@ class Auditors:
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
                       finished is not None, self.view.finishing, self.view.commit_step, self.host)
-        if rb is None:
-            return
-        if self.view.findings.audit_found(self.host):
+        blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
+        if blamed and self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
                                                      "limit": self.view.findings.suspect_after, "step": judged.interval.end},
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
+        if rb is None:
+            return
         note_audit_rollback(self.view, rb)
         rolled_back(self.book, judged)
         wrong = wrong_timeline(self.book, judged, rb.attempt, rb.why)
@@ -290,12 +331,23 @@ class Auditors:
         self.view.findings.audit = {} if book.mode == AuditMode.OFF else {
             "mode": book.mode.value, "audited_steps": book.audited_steps, "committed_steps": book.covered_steps,
             "fraction": round(book.fraction, 4), "verdicts": counts, "off": book.off or None,
-            "dropped_steps": self.dropped_steps, "unaudited_steps": book.unaudited_steps,
+            "dropped_steps": book.dropped_steps, "unaudited_steps": book.unaudited_steps,
             "auditor_deaths": book.deaths.total,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
             "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(
                 self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
+
+
+def replayers(world: int, hosts: int, ps: bool) -> tuple[int, Optional[str]]:
+    """The auditors one replay takes (pure): one for a single trainer; a group on one host (``--nproc N``) replays
+    as a group of N of its own (the all-reduce: every member's step needs the others'); none, with why, where this
+    slice audits nothing (a group over hosts, a ``--ps`` cluster)."""
+    if ps:
+        return 0, "a --ps cluster is not audited in this slice; audit off for this launch"
+    if world > 1 and hosts > 1:
+        return 0, f"a group over hosts (--nnodes {hosts}) is not audited in this slice; audit off for this launch"
+    return world, None
 
 
 def _record(judged: Judged, host: str) -> Report:
@@ -306,7 +358,7 @@ def _record(judged: Judged, host: str) -> Report:
         ", ".join(sorted({r.host for r in judged.replays})) if judged.verdict == Verdict.AUDITOR else None
     errors = [r.error for r in judged.replays if r.error]
     said = judged.line.removeprefix("procsv: audit: ") if judged.verdict in (
-        Verdict.NONDETERMINISTIC, Verdict.AUDITOR, Verdict.UNDECIDED) or (
+        Verdict.NONDETERMINISTIC, Verdict.AUDITOR, Verdict.UNDECIDED, Verdict.TRIAL) or (
         judged.verdict == Verdict.UNAUDITED and len(errors) != 1) else None  # (one replay's error: it is the reason)
     reason = said or (errors[-1] if errors else None)
     return Report(Event.AUDIT, {"verdict": judged.verdict.value, "start": judged.interval.start,

@@ -22,12 +22,22 @@ state is not all in its checkpoint (a Keras ``Dropout`` layer under ``keras.util
 seed generator restarts in every fresh process) replays the same way twice and never the trainer's way.
 Until an interval the trainer ran on from before its start (not :attr:`Interval.resumed`: an interval from the
 step its trainer began at is resumed, a graph program's checkpoint at its session's start included) has matched
-(:attr:`AuditBook.exact`), such a result is a *candidate*: the next such interval decides. It matches: the
+(:attr:`Exactness.exact`), such a result is a *candidate*: the next such interval decides. It matches: the
 program replays exactly and the candidate was the trainer's fault (a wrong bit stays in the state, so the
 interval after it replays as the trainer ran it), rolled back to the candidate's start; it also differs:
 the program's replay from a checkpoint is not its trainer's, and the audit switches off
 (:attr:`Verdict.NONDETERMINISTIC`). A trainer that ends with a candidate undecided gets no verdict
 (:meth:`AuditBook.ended`).
+
+A group (``--nproc N`` on one host: the replay is a group of N auditors) breaks that rule's premise: its checkpoint is
+its chief's, and a wrong bit in a worker's copy of the weights stays in that worker, outside every checkpoint, so every
+interval after it differs too (measured: a bit flipped in worker 1 in the first interval audited, the next interval
+differed as well, and the audit switched itself off, the fault taken for a program that does not replay). So in a
+group the second interval running that differs rolls the group back once to the candidate's start, on trial
+(:attr:`Verdict.TRIAL`: every member restarts from the chief's checkpoint, consistent again), no host blamed; the next
+interval the group ran on from before its start decides: it matches, the candidate was the group's fault
+(:attr:`Verdict.TRAINER`, its rollback already made: :attr:`Judged.made`); it differs, the program does not replay
+(:attr:`Verdict.NONDETERMINISTIC`, off). A program that does not replay pays that one rollback, once a launch.
 
 An auditor that dies before its answer (SIGKILLed, running or stopped by its duty cycle; killed by the OOM killer;
 crashed) says nothing of its interval: :func:`died` has it replayed again by a fresh auditor, the answers it already
@@ -86,6 +96,8 @@ class Verdict(str, enum.Enum):
     NONDETERMINISTIC = "nondeterministic"  # the first interval's two replays differ: the audit switches off
     UNDECIDED = "undecided"  # two replays agree, not with the trainer, before the program's replay is known exact
     UNAUDITED = "unaudited"  # the replay could not be made (a checkpoint gone, the replay ended short): no verdict
+    TRIAL = "trial"  # a group's two intervals running differ (replays agree): rolled back once to tell a member's
+    # fault (kept outside the chief's checkpoint) from a program that does not replay; no host blamed yet
 
 
 @dataclass(frozen=True)
@@ -135,10 +147,12 @@ class Judged:
     interval: Interval
     replays: tuple[Replay, ...]
     line: str
+    made: bool = False  # a trainer verdict whose rollback its trial made already (a group's): nothing rolled back again
 
     @property
     def rollback_before(self) -> Optional[int]:
-        return self.interval.start + 1 if self.verdict == Verdict.TRAINER else None
+        rolls = self.verdict == Verdict.TRIAL or (self.verdict == Verdict.TRAINER and not self.made)
+        return self.interval.start + 1 if rolls else None
 
 
 @dataclass(frozen=True)
@@ -180,28 +194,55 @@ class Deaths:
 
 
 @dataclass
+class Exactness:
+    """What the audit learned of the program's replay from a checkpoint, and the verdicts that wait on it."""
+
+    probed: bool = False  # the first interval was replayed twice (the program's determinism)
+    exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
+    candidate: Optional[Judged] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided (its
+    # interval and replays: its verdict, one interval later, rests on them)
+    trial: Optional[Judged] = None  # a group's candidate rolled back on trial (:attr:`Verdict.TRIAL`), undecided: the
+    # next interval the group ran on from before its start decides
+
+    def probe(self) -> None:
+        """An interval got its verdict's replays: the first interval's second replay (its determinism) was made."""
+        self.probed = True
+
+    def matched(self, resumed: bool) -> None:
+        """An interval's replays matched the trainer: not :attr:`Interval.resumed`, the program replays exactly."""
+        self.exact = self.exact or not resumed
+
+    def proven(self) -> None:
+        """An interval after a candidate (or a trial) matched: the program replays exactly."""
+        self.exact = True
+
+    def waits(self, undecided: Optional[Judged] = None, trial: Optional[Judged] = None) -> None:
+        """What waits for the next interval now: a candidate, a trial (each None: nothing)."""
+        self.candidate, self.trial = undecided, trial
+
+
+@dataclass
 class AuditBook:
     """What the audit of this launch knows: the mode, the last commit seen, the intervals waiting, the one
     being replayed and its answers so far, the steps audited and committed since the audit began, and why
     it switched off (empty: it did not)."""
 
     mode: AuditMode = AuditMode.OFF
+    group: bool = False  # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them)
     last: Optional[Newest] = None  # the newest commit seen
     seen: int = 0  # intervals seen
     queue: list[Interval] = field(default_factory=list)
     current: Optional[Interval] = None
     answers: list[Replay] = field(default_factory=list)
-    probed: bool = False  # the first interval was replayed twice (the program's determinism)
     audited_steps: int = 0
     covered_steps: int = 0  # the steps of every interval seen (the denominator of the fraction audited)
     dropped: list[tuple[int, int]] = field(default_factory=list)  # intervals dropped unreplayed, not yet said
+    dropped_steps: int = 0  # the steps of every interval dropped unreplayed (--audit every: a hole)
     off: str = ""
     verdicts: list[Judged] = field(default_factory=list)  # the newest RECENT (a month of intervals is not kept)
     counts: dict[str, int] = field(default_factory=dict)  # every verdict of the launch, by kind
     anchor: Optional[int] = None  # where a rollback goes: the newest audited step (a trainer verdict's start)
-    exact: bool = False  # an interval not resumed matched: the program's steps replay from a checkpoint exactly
-    candidate: Optional[Judged] = None  # replays agree, not with the trainer, before :attr:`exact`: undecided (its
-    # interval and replays: its verdict, one interval later, rests on them)
+    known: Exactness = field(default_factory=Exactness)  # what the replays told of the program's steps
     deaths: Deaths = field(default_factory=Deaths)  # the auditors dead before their answer
     unaudited_steps: int = 0  # the steps of the intervals judged :attr:`Verdict.UNAUDITED` (no replay could be made)
     commits: dict[int, int] = field(default_factory=dict)  # step -> the attempt of its newest commit seen (0: not said)
@@ -210,7 +251,7 @@ class AuditBook:
     def oldest_start(self) -> Optional[int]:
         """The oldest step a rollback could still go to: the start of an interval waiting, being replayed or
         undecided, else the newest commit's (where the next interval starts); None: no commit yet."""
-        undecided = self.candidate.interval if self.candidate is not None else None
+        undecided = self.known.candidate.interval if self.known.candidate is not None else None
         starts = [i.start for i in (*self.queue, self.current, undecided) if i is not None]
         return min(starts + ([self.last.step] if self.last is not None else [])) if starts or self.last else None
 
@@ -236,11 +277,12 @@ class AuditBook:
         interval = Interval(last.step, step, last.path, path, resumed=fresh, session_start=last.final)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
-        if sampled(index, self.mode) or (self.candidate is not None and not interval.resumed):
+        if sampled(index, self.mode) or (self.known.candidate is not None and not interval.resumed):
             queued = [*self.queue, interval]
             self.queue = waiting(queued, self.mode)
             gone = [i for i in queued if not any(j.start <= i.start and i.end <= j.end for j in self.queue)]
             self.dropped.extend((i.start, i.end) for i in gone)  # (a hole: said, counted in the status)
+            self.dropped_steps += sum(i.steps for i in gone)
 
     def session_ended(self, step: int) -> None:
         """A session's final commit of ``step`` was committed before (an ``again``: a Keras fit's end after its
@@ -252,7 +294,8 @@ class AuditBook:
         """The trainer was rolled back to ``judged``'s start: the commits after it are superseded; the intervals
         waiting are dropped and the next interval starts there (the restarted trainer restores exactly that
         checkpoint, which the audit holds: its steps trained again are audited too)."""
-        self.queue, self.candidate = [], None  # (the restarted trainer begins there: its next interval is resumed)
+        self.queue = []  # (the restarted trainer begins there: its next interval is resumed)
+        self.known.waits(trial=self.known.trial)
         self.last = Newest(judged.interval.start, judged.interval.start_path)
 
     def next_replay(self, auditor_running: bool, now: Optional[float] = None) -> Optional[Interval]:
@@ -301,31 +344,59 @@ class AuditBook:
             return self._close(Judged(Verdict.UNAUDITED, interval, tuple(answers),
                                        f"procsv: audit of steps {interval.start}-{interval.end}: no verdict ({replay.error})"))
         first = answers[0]
-        if len(answers) == 1 and (first.differ or not self.probed):
+        if len(answers) == 1 and (first.differ or not self.known.probed):
             return None  # a second replay: a mismatch is never believed of one auditor; the first interval, always
-        self.probed = True
+        self.known.probe()
         span = f"steps {interval.start}-{interval.end}"
-        candidate = self.candidate
+        candidate, trial = self.known.candidate, self.known.trial
         if len(answers) == 1 or (first.digest == replay.digest and not replay.differ):
             if candidate is not None and not interval.resumed:  # the program replays exactly: the candidate was the trainer's
                 replays = candidate.replays  # (the verdict is the candidate's: its interval, its replays)
-                self.exact, self.candidate = True, None
+                self.known.proven()
+                self.known.waits()
                 return self._trainer(candidate.interval, replays, replays[-1].differ if replays else (),
                                      f"; {span} replayed as it ran, so the program's steps replay exactly")
-            self.exact = self.exact or not interval.resumed
+            if trial is not None and not interval.resumed:  # the trial told: the group computed the candidate wrongly
+                self.known.proven()
+                self.known.waits()
+                self.audited_steps += interval.steps  # (this interval, of the new timeline, matched: audited)
+                self.anchor = interval.end
+                self._keep(Judged(Verdict.MATCH, interval, tuple(answers), ""))
+                return self._trainer(trial.interval, trial.replays, trial.replays[-1].differ if trial.replays else (),
+                                     f"; after the trial's rollback {span} replayed as the group ran it, so the "
+                                     "program's steps replay exactly", made=True)
+            self.known.matched(interval.resumed)
             self.audited_steps += interval.steps
             self.anchor = interval.end
             return self._close(Judged(Verdict.MATCH, interval, tuple(answers), ""))
         if first.digest == replay.digest:
-            if interval.resumed or self.exact:
+            if interval.resumed or self.known.exact:
                 return self._trainer(interval, tuple(answers), replay.differ, "")
+            if trial is not None:  # the group rolled back on trial and still differs: the program does not replay
+                self.known.waits()
+                self.off = (f"two replays agree with each other and not with the trainer group in steps "
+                            f"{trial.interval.start}-{trial.interval.end} and again in {span}, after the group was "
+                            "rolled back on trial: the program's steps do not replay from a checkpoint as its group ran "
+                            "them (state no checkpoint holds); audit off for this launch")
+                return self._close(Judged(Verdict.NONDETERMINISTIC, interval, tuple(answers), f"procsv: audit: {self.off}"))
             if candidate is None:  # undecided until the next interval the trainer ran on (see the module's docstring)
-                self.candidate = Judged(Verdict.UNDECIDED, interval, tuple(answers),
-                                        f"procsv: audit: two replays of {span} agree with each other, not with the "
-                                        f"trainer's checkpoint: the next interval tells the trainer's fault from a "
-                                        f"program whose steps do not replay from a checkpoint; nothing rolled back yet")
-                return self._close(self.candidate)
-            self.candidate = None
+                undecided = Judged(Verdict.UNDECIDED, interval, tuple(answers),
+                                   f"procsv: audit: two replays of {span} agree with each other, not with the "
+                                   f"trainer's checkpoint: the next interval tells the trainer's fault from a "
+                                   f"program whose steps do not replay from a checkpoint; nothing rolled back yet")
+                self.known.waits(undecided)
+                return self._close(undecided)
+            if self.group:  # a member's wrong state stays outside the chief's checkpoints: tell by one rollback
+                self.anchor = candidate.interval.start  # (kept until the rolled-back group restored it)
+                tried = Judged(Verdict.TRIAL, candidate.interval, candidate.replays,
+                               f"procsv: audit: two replays agree with each other and not with the trainer group in "
+                               f"two intervals running (steps {candidate.interval.start}-{candidate.interval.end}, "
+                               f"{span}): a member's wrong state stays outside the chief's checkpoint, or the "
+                               f"program's steps do not replay; rolling back to step {candidate.interval.start} on "
+                               "trial (the next interval tells them apart; no host blamed yet)")
+                self.known.waits(trial=tried)
+                return self._close(tried)
+            self.known.waits()
             self.off = (f"two replays agree with each other and not with the trainer in two intervals running "
                         f"(steps {candidate.interval.start}-{candidate.interval.end}, {span}): the program's steps do not replay from a "
                         "checkpoint as its trainer ran them (state no checkpoint holds: random numbers of a seeded "
@@ -341,27 +412,35 @@ class AuditBook:
                                    f"procsv: audit: two replays of {span} disagree with each other: the auditor's machine "
                                    f"({hosts}) is at fault, not the trainer's; nothing rolled back"))
 
-    def _trainer(self, interval: Interval, answers: tuple[Replay, ...], differ: tuple[str, ...], why: str) -> Judged:
-        """The trainer's machine computed ``interval`` wrongly: roll back to its start."""
-        self.anchor = interval.start  # (kept until the rolled-back trainer restored it)
+    def _trainer(self, interval: Interval, answers: tuple[Replay, ...], differ: tuple[str, ...], why: str,
+                 made: bool = False) -> Judged:
+        """The trainer's machine computed ``interval`` wrongly: roll back to its start (``made``: its trial's rollback
+        did already)."""
+        if not made:
+            self.anchor = interval.start  # (kept until the rolled-back trainer restored it)
         span = f"steps {interval.start}-{interval.end}"
         names = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        back = f"rolled back to step {interval.start} on trial" if made else f"rolling back to step {interval.start}"
         return self._close(Judged(Verdict.TRAINER, interval, answers,
-                                  f"procsv: audit: the trainer on host {{host}} computed {span} wrongly (two replays "
-                                  f"agree with each other, not with its checkpoint; differing: {names}{why}): rolling "
-                                  f"back to step {interval.start}"))
+                                  f"procsv: audit: the trainer{' group' if self.group else ''} on host {{host}} computed {span} wrongly (two replays "
+                                  f"agree with each other, not with its checkpoint; differing: {names}{why}): {back}",
+                                  made))
 
     def ended(self) -> Optional[Judged]:
         """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no
         candidate). Nothing is rolled back: no later interval could tell a fault from a program that does not
         replay."""
-        candidate, self.candidate = self.candidate, None
-        if candidate is None:
+        candidate, trial = self.known.candidate, self.known.trial
+        self.known.waits()
+        if candidate is None and trial is None:
             return None
-        interval, replays = candidate.interval, candidate.replays
+        undecided = candidate if candidate is not None else trial
+        assert undecided is not None
+        interval, replays = undecided.interval, undecided.replays
         judged = Judged(Verdict.UNAUDITED, interval, replays, f"procsv: audit of steps {interval.start}-{interval.end}: no "
                         "verdict (its replays differ from the trainer's checkpoint and the run ended before an interval "
-                        "after it told a fault from a program that does not replay exactly); nothing rolled back")
+                        "after it told a fault from a program that does not replay exactly); "
+                        + ("nothing rolled back" if trial is None else "its trial's rollback stands"))
         self._keep(judged)
         return judged
 
@@ -414,7 +493,8 @@ def holds(book: AuditBook) -> list[int]:
         return []
     waiting = [*book.queue, *([book.current] if book.current is not None else [])]
     steps = {s for i in waiting for s in (i.start, i.end)} | ({book.anchor} if book.anchor is not None else set()) \
-        | ({book.candidate.interval.start} if book.candidate is not None else set())
+        | ({book.known.candidate.interval.start} if book.known.candidate is not None else set()) \
+        | ({book.known.trial.interval.start} if book.known.trial is not None else set())
     return sorted(steps)
 
 
@@ -503,5 +583,8 @@ def rollback(judged: Judged, attempt: Optional[int], live: bool, finished: bool,
     before = judged.rollback_before
     if attempt is None or not (live or finished) or finishing or before is None:
         return None
+    span = f"steps {judged.interval.start}-{judged.interval.end}"
     return AuditRollback(attempt, before, max(commit_step, judged.interval.end), finished,
-                         f"audit: host {host} computed steps {judged.interval.start}-{judged.interval.end} wrongly")
+                         f"audit: host {host} computed {span} wrongly" if judged.verdict == Verdict.TRAINER else
+                         f"audit: the group rolled back to step {judged.interval.start} on trial ({span} and the next "
+                         "interval differ from two agreeing replays)")

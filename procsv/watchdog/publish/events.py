@@ -92,7 +92,9 @@ audit                  verdict, start, end, host, differ, auditors, reason
                        replays agree, not with the trainer: the trainer on ``host`` computed wrongly, it restores
                        step start) | auditor (the replays disagree: the auditors' ``host``) | nondeterministic (the
                        audit switches off, ``reason``) | unaudited (no replay could be made, or its auditors died
-                       before their answer RETRIES + 1 times, ``reason``) | undecided (the next interval decides);
+                       before their answer RETRIES + 1 times, ``reason``) | undecided (the next interval decides) |
+                       trial (a group rolled back to step start once: the next interval tells a member's
+                       fault from a program that does not replay; no host named);
                        differ: the tensors the judged interval's first replay found differing; auditors: the
                        attempts of the auditors whose replays (or deaths) it rests on, the judged interval's)
 audit_quarantine       after, attempt, steps, reason

@@ -35,6 +35,7 @@ PS = "ps"  # a parameter-server task of procsv launch --ps N (slots ``ps0``, ...
 SERVER = "server"  # a worker task of --ps N --workers M --coordinator: a plain server (slots ``worker0``, ...)
 STANDBY = "standby"  # the slot (and role) of the hot-standby trainer until it is promoted
 AUDITOR = "auditor"  # the slot (and role) of a trainer process replaying a committed interval (issue 71)
+
 CHECKPOINT = "checkpoint"
 SUMMARY = "summary"
 SERVICE_ROLES = (SUMMARY, CHECKPOINT)
@@ -46,6 +47,11 @@ SERVICE_ROLES = (SUMMARY, CHECKPOINT)
 # MultiWorkerMirroredStrategy puts its own SIGTERM handler in place under Python's (its coordination
 # service's preemption notifier), and a SIGTERM before the Supervisor's handlers replace it is swallowed.
 LEAVES_STOPS = (WORKER, PS, SERVER, SUMMARY, CHECKPOINT, STANDBY)
+
+
+def auditor_slot(rank: int) -> str:
+    """The slot of member ``rank`` of a group's auditors (issue 71): :data:`AUDITOR` for its chief, ``auditor<R>``."""
+    return AUDITOR if rank == 0 else f"{AUDITOR}{rank}"
 
 
 class ZygoteState(str, enum.Enum):
