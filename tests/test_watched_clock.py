@@ -1,0 +1,167 @@
+"""The watched clock (procsv/watchdog/rules/unwatched.py, procsv/watchdog/watchclock.py): the watchdog's and
+the agents' timers leave out the time their process was stopped (SIGSTOP, then SIGCONT: Slurm's
+``scontrol suspend``/``resume``), and only that.
+
+The arithmetic on made-up series of the loop's readings and SIGCONTs (pure), and the clock in a real
+process stopped and continued by real signals (no TensorFlow: the quick tier). The whole launch suspended
+and resumed is tests/test_suspend.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import quick_guard_env, wait_for
+from procsv.watchdog.observe import attempt_began_wall
+from procsv.watchdog.rules.state import ChildView
+from procsv.watchdog.rules.unwatched import MIN_STOP_SECS, Stop, Unwatched
+from procsv.watchdog.watchclock import WatchedClock
+
+
+def readings(u: Unwatched, series: list[tuple[str, float]]) -> list[float]:
+    """Drive ``u`` with ``("read", raw)`` and ``("cont", raw)`` events (a SIGCONT handled at raw, taken by the
+    next read): the watched times the reads returned."""
+    out, pending = [], []
+    for kind, raw in series:
+        if kind == "cont":
+            pending.append(raw)
+        else:
+            out.append(u.read(raw, pending))
+            pending = []
+    return out
+
+
+def test_a_stop_ended_by_a_sigcont_is_left_out_of_every_later_reading():
+    u = Unwatched()
+    # the loop reads every 0.1 s, is stopped after 10.0 and continued at 30.0, then reads on
+    got = readings(u, [("read", 10.0), ("read", 10.1), ("cont", 30.1), ("read", 30.15), ("read", 30.25)])
+    assert got == pytest.approx([10.0, 10.1, 10.15, 10.25])
+    assert u.subtracted == pytest.approx(20.0)
+    assert u.stops == [Stop(at=pytest.approx(10.1), secs=pytest.approx(20.0))]
+    # a silence that began at the last reading before the stop counts only what was watched since the continue
+    assert got[-1] - got[1] == pytest.approx(0.15)
+
+
+def test_a_long_loop_gap_without_a_sigcont_is_counted():
+    """A loop blocked or descheduled 20 s while its children ran on: what they did meanwhile is real."""
+    u = Unwatched()
+    got = readings(u, [("read", 10.0), ("read", 30.0), ("read", 30.1)])
+    assert got == [10.0, 30.0, 30.1]
+    assert u.subtracted == 0.0 and u.stops == []
+
+
+def test_a_sigcont_to_a_process_that_was_not_stopped_subtracts_nothing():
+    """kill -CONT of a running launch (or a stop shorter than MIN_STOP_SECS): the loop read the clock a moment
+    before, the gap is no stop; many of them subtract nothing either."""
+    u = Unwatched()
+    series: list[tuple[str, float]] = []
+    for i in range(100):  # a SIGCONT between every two readings, 0.1 s apart, for 10 s
+        series += [("read", i * 0.1), ("cont", i * 0.1 + 0.05)]
+    got = readings(u, series + [("read", 10.0)])
+    assert got[-1] == 10.0 and u.subtracted == 0.0
+    short = Unwatched()
+    assert readings(short, [("read", 5.0), ("cont", 5.0 + MIN_STOP_SECS * 0.9), ("read", 6.0)]) == [5.0, 6.0]
+
+
+def test_the_clock_never_runs_backwards_for_the_loop():
+    """A reading taken just before the stop, whose SIGCONT the same read takes (the handler ran between the
+    raw reading and the take), reads as the continue: never below the reading before."""
+    u = Unwatched()
+    assert u.read(10.0) == 10.0
+    assert u.read(10.05, [30.0]) == pytest.approx(10.0)  # (stopped after its raw reading, continued at 30.0)
+    assert u.read(30.01) == pytest.approx(10.01)
+    # readings in order stay in order over any series of stops
+    v = Unwatched()
+    series = [("read", 0.0), ("read", 0.5), ("cont", 3.0), ("read", 2.9), ("read", 3.2), ("cont", 9.0),
+              ("cont", 9.5), ("read", 9.6), ("read", 20.0), ("cont", 40.0), ("read", 40.0)]
+    got = readings(v, series)
+    assert got == sorted(got)
+    # two SIGCONTs of one stop: the second, 0.5 s after the first, subtracts nothing more
+    assert [s.secs for s in v.stops] == pytest.approx([2.5, 5.8, 20.0])
+
+
+def test_another_thread_sees_the_stops_the_loop_has_not_taken_yet():
+    u = Unwatched()
+    u.read(10.0)
+    assert u.peek(30.5, [30.0]) == pytest.approx(10.5)  # as the loop will count it
+    assert u.peek(30.5, [10.5]) == pytest.approx(30.5)  # (no stop: a SIGCONT 0.5 s after the loop's reading)
+    assert u.subtracted == 0.0 and u.last_read == 10.0  # a peek changes nothing
+    assert u.read(30.5, [30.0]) == pytest.approx(10.5)
+
+
+def test_unwatched_since_gives_back_the_real_time_since_a_watched_moment():
+    u = Unwatched()
+    readings(u, [("read", 0.0), ("read", 5.0), ("cont", 25.0), ("read", 25.0), ("read", 40.0), ("cont", 50.0),
+                 ("read", 50.0)])
+    assert u.unwatched_since(0.0) == pytest.approx(30.0)  # both stops
+    assert u.unwatched_since(6.0) == pytest.approx(10.0)  # the second only (it began at watched 20.0)
+    assert u.unwatched_since(21.0) == 0.0
+    # an attempt that began at watched 6.0 (raw 26.0) began 24 s before raw 50.0, 14 s of them watched: a commit
+    # of its own 20 s before raw 50.0 is not taken for an earlier attempt's
+    child = ChildView(slot="trainer", role="trainer", attempt=2, pid=1234, started=6.0)
+    wall_now, clock_now = 1_000_050.0, u.read(50.0)
+    assert attempt_began_wall(child, 0.0, wall_now, clock_now, u.unwatched_since(6.0)) == pytest.approx(1_000_026.0)
+
+
+CHILD = """
+import sys, time
+from procsv.watchdog.watchclock import WatchedClock
+clock = WatchedClock()
+clock.watch()
+start = clock()
+print("ready", flush=True)
+while sys.stdin.readline().strip() == "read":
+    print(f"{clock() - start:.3f} {clock.subtracted:.3f} {len(clock.new_stops())}", flush=True)
+"""
+
+
+@pytest.fixture
+def clocked():
+    """A Python process whose loop watches a WatchedClock: write "read", it answers the watched seconds since its
+    start, the seconds subtracted and the stops new since the last answer."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=quick_guard_env())
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "ready"
+
+    def ask() -> tuple[float, float, int]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("read\n")
+        proc.stdin.flush()
+        watched, subtracted, new = proc.stdout.readline().split()
+        return float(watched), float(subtracted), int(new)
+    yield proc, ask
+    proc.kill()
+    proc.wait()
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_real_sigstop_and_sigcont_are_left_out_and_a_bare_sigcont_is_not(clocked):
+    proc, ask = clocked
+    before, subtracted, new = ask()
+    assert subtracted == 0.0 and new == 0
+    os.kill(proc.pid, signal.SIGCONT)  # a running process continued: no stop
+    time.sleep(0.2)
+    _, subtracted, new = ask()
+    assert subtracted == 0.0 and new == 0
+    began = time.monotonic()
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: _stopped(proc.pid), 10, what="the process stopped")
+    time.sleep(2.5)  # (its loop's last reading was before the stop: the gap is at least this)
+    os.kill(proc.pid, signal.SIGCONT)
+    stopped_for = time.monotonic() - began
+    after, subtracted, new = ask()
+    assert new == 1 and 2.5 <= subtracted <= stopped_for + 1.0  # (its last reading: our last ask, before the stop)
+    # what the clock counted over the stop is what was watched, not the stop: the raw time minus the stop
+    real = time.monotonic() - began
+    assert after - before <= real - 2.5 + 1.0
