@@ -53,13 +53,11 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 120, what="two checkpoints")
         stopped = _stop_all(proc.pid)
         assert len(stopped) >= 4  # the watchdog, the checkpoint and summary services, the trainer (and its zygote)
-        began = time.monotonic()
         wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in stopped), 30, what="every process stopped")
         newest = max(committed_steps(logdir))
         time.sleep(STOP_SECS)  # (the suspension itself: nothing of the run runs meanwhile)
         for p in stopped:  # the watchdog first: it sees its children stopped a moment longer than they were
             p.send_signal(signal.SIGCONT)
-        suspended_for = time.monotonic() - began
         # the watchdog's rules ran after the resume, while a checkpoint committed since (its first round after it
         # is the one that found the service stalled and the trainer hung, before the watched clock)
         wait_for(lambda: max(committed_steps(logdir)) > newest, 60, what="a checkpoint after the resume")
@@ -75,9 +73,10 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
                                                     "restarting", "restarted", "node_lost")], err[-4000:]
     assert code == 0, err[-4000:]
     assert not leftovers
-    # the watchdog said its stop once: from its last reading before it to the SIGCONT
+    # the watchdog said its stop once: from its last reading before it to the SIGCONT, STOP_SECS at least (it was
+    # stopped before the sleep began and continued after it ended)
     said = [e for e in events if e["event"] == "suspended"]
-    assert len(said) == 1 and STOP_SECS <= said[0]["secs"] <= suspended_for + 1.0, said
+    assert len(said) == 1 and said[0]["secs"] >= STOP_SECS and said[0]["total"] == said[0]["secs"], said
     assert "this launch was stopped for" in out + err
     spawned = sorted(e["role"] for e in events if e["event"] == "spawned")
     assert spawned == ["checkpoint", "summary", "trainer", "zygote"], spawned

@@ -123,16 +123,16 @@ class Watchdog:
         since = 0.0 if born is None else max(0.0, wall() - born)
         # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
         # again (Executor.resume), and its status and report name them (read before this launch's records)
-        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0,
+        self.view = RunView(launch_start=self.clock(), tasks_alone=cfg.ps > 0,
                             skipped_steps=list(skipped_steps(self.layout.lifecycle)),
                             findings=Findings(suspect_after=cfg.trainer.suspect_after))
         self.view.process_start = self.view.launch_start - since
         # its first services' seeds, forked before its first thread (the Reporter's); run() uses or discards them
         self.services = ServiceSeeds.plant(cfg.preempt_signal)  # (procsv.watchdog.seeds)
-        self.out = Reporter(cfg, self.layout, clock, wall)
+        self.out = Reporter(cfg, self.layout, self.clock, wall)
         self.out.started_wall -= since
         self.internal_errors = 0
-        self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
+        self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, self.clock)
         self.metrics: Optional[MetricsServer] = None
         self.pulse: Optional[LoopPulse] = None  # what /healthz and /readyz answer from (with --metrics-port)
         self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes > 1)
