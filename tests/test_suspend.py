@@ -24,7 +24,7 @@ STOP_SECS = 12.0  # longer than the stall rule's floor (10 s; 3 save intervals o
 
 
 def _tree(root: int) -> list[psutil.Process]:
-    """``root`` and every process below it."""
+    """``root`` and every process below it (``root`` first)."""
     top = psutil.Process(root)
     return [top, *top.children(recursive=True)]
 
@@ -56,8 +56,17 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
         wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in stopped), 30, what="every process stopped")
         newest = max(committed_steps(logdir))
         time.sleep(STOP_SECS)  # (the suspension itself: nothing of the run runs meanwhile)
-        for p in stopped:  # the watchdog first: it sees its children stopped a moment longer than they were
-            p.send_signal(signal.SIGCONT)
+        # the watchdog continued first and alone (a resume reaches the processes one by one): its rounds see the
+        # trainer silent and nothing committed for the whole suspension, until the rest is continued
+        watchdog, rest = stopped[0], stopped[1:]
+        watchdog.send_signal(signal.SIGCONT)
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in ("suspended", "checkpoint_stalled", "hang_detected")],
+                 60, what="a round of the watchdog's after its resume")
+        for p in rest:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass  # (killed by the watchdog meanwhile: the assertions below say so)
         # the watchdog's rules ran after the resume, while a checkpoint committed since (its first round after it
         # is the one that found the service stalled and the trainer hung, before the watched clock)
         wait_for(lambda: max(committed_steps(logdir)) > newest, 60, what="a checkpoint after the resume")
