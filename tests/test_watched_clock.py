@@ -18,6 +18,9 @@ import time
 import pytest
 
 from conftest import quick_guard_env, wait_for
+from procsv.common.layout import Layout
+from procsv.watchdog.config import LaunchConfig
+from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.watchdog.observe import attempt_began_wall
 from procsv.watchdog.rules.state import ChildView
 from procsv.watchdog.rules.unwatched import MIN_STOP_SECS, Stop, Unwatched
@@ -164,3 +167,38 @@ def test_a_real_sigstop_and_sigcont_are_left_out_and_a_bare_sigcont_is_not(clock
     # the watched time between the two readings is the raw time between them without the stop, and never negative
     assert after - before == pytest.approx(raw_after - raw_before - subtracted, abs=1e-5)
     assert after >= before
+
+
+def test_an_agent_suspended_with_its_job_finds_node_0_not_lost_and_one_that_watched_node_0_silent_does(short_tmp):
+    """Node 1's agent, its clock on a made-up raw time: node 0 beat every 0.5 s until 10.0, then (a) the agent's own
+    process was stopped until 30.0 with the whole job and continued (a real SIGCONT to this process, handled by the
+    agent's clock), or (b) the agent ran on while node 0 said nothing. With --node-timeout 15: (a) node 0 is not lost
+    and the master's silence is 0.1 s (before: "no heartbeat from node 0 for 20.1 s", its members stopped as a stale
+    group); (b) it is lost."""
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    verdicts = []
+    for suspended in (True, False):
+        raw = [0.0]
+        agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                       master_addr="127.0.0.1:1", prewarm=False, node_timeout=15.0),
+                          clock=WatchedClock(lambda: raw[0]))
+        agent.clock.watch()  # (as its loop does)
+        try:
+            for i in range(21):  # node 0's beats, read by the agent's loop as they come
+                raw[0] = i * 0.5
+                agent.seen.beat(agent.clock())
+                agent.heard_at = agent.clock()
+            raw[0] = 30.0
+            if suspended:
+                os.kill(os.getpid(), signal.SIGCONT)  # (the handler runs in this, the main, thread before the next line)
+            raw[0] = 30.1
+            now = agent.clock()
+            verdicts.append((round(now - agent.heard_at, 3), agent.seen.lost(now, agent.node_timeout)))
+        finally:
+            agent.clock.unwatch()
+            agent.seen.close()
+            agent.stacks.close()
+            agent.disk.close()
+    assert verdicts[0] == (0.1, None)
+    assert verdicts[1][0] == 20.1 and "no heartbeat from node 0 for 20.1 s" in (verdicts[1][1] or "")
