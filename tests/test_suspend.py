@@ -45,7 +45,8 @@ def _stop_all(root: int) -> list[psutil.Process]:
                 pass
 
 
-def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_restart(logdir, clean_weights, tmp_path):
+def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_restart(logdir, clean_weights,
+                                                                                           tmp_path):
     fast = str(tmp_path / "fast")
     proc = launch(logdir, "--fast-after", fast, "--steps", "1200", "--step-delay", "0.02", "--save-model-secs", "1",
                   target=PACED, opts=("--standby", "fork", "--hang-timeout", "5"))
@@ -60,8 +61,9 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
         # trainer silent and nothing committed for the whole suspension, until the rest is continued
         watchdog, rest = stopped[0], stopped[1:]
         watchdog.send_signal(signal.SIGCONT)
-        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in ("suspended", "checkpoint_stalled", "hang_detected")],
-                 60, what="a round of the watchdog's after its resume")
+        judged = ("suspended", "checkpoint_stalled", "hang_detected")
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in judged], 60,
+                 what="a round of the watchdog's after its resume")
         for p in rest:
             try:
                 p.send_signal(signal.SIGCONT)

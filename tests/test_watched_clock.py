@@ -194,7 +194,7 @@ def test_an_agent_suspended_with_its_job_finds_node_0_not_lost_and_one_that_watc
                 agent.heard_at = agent.clock()
             raw[0] = 30.0
             if suspended:
-                os.kill(os.getpid(), signal.SIGCONT)  # (the handler runs in this, the main, thread before the next line)
+                os.kill(os.getpid(), signal.SIGCONT)  # (its handler runs in this, the main, thread at once)
             raw[0] = 30.1
             now = agent.clock()
             verdicts.append((round(now - agent.heard_at, 3), agent.seen.lost(now, agent.node_timeout)))
