@@ -319,11 +319,14 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         from procsv.watchdog.publish.probes import LoopPulse
 
         signal.signal(preempt_signal, signal.SIG_IGN)  # node 0 decides the stop; it reaches this host from there
-        pulse = LoopPulse(time.monotonic)  # what the agent's loop stamps; its probes answer from it
+        from procsv.watchdog.watchclock import WatchedClock
+
+        clock = WatchedClock()  # the agent's: without the time it was stopped (its probes answer from it too)
+        pulse = LoopPulse(clock)  # what the agent's loop stamps; its probes answer from it
         # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
         try:
-            return NodeAgent(cfg, pulse=pulse).run(seed)
+            return NodeAgent(cfg, clock=clock, pulse=pulse).run(seed)
         finally:
             if probes is not None:
                 probes.close()

@@ -30,6 +30,7 @@ from procsv.watchdog.endreads import READ_WAIT, EndReads, read_end, taken
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
+from procsv.watchdog.watchclock import WatchedClock
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.publish.reporting import Reporter
@@ -56,7 +57,7 @@ class ChildEnds:
     """
 
     def __init__(self, poller: zmq.Poller, view: RunView, layout: Layout, out: Reporter,
-                 clock: Callable[[], float], wall: Callable[[], float],
+                 clock: WatchedClock, wall: Callable[[], float],
                  heard_all: Callable[[], None], left_behind: Callable[[], None], reader: DiskJobs) -> None:
         self.poller = poller
         self.view = view
@@ -138,7 +139,8 @@ class ChildEnds:
         child = find(self.view, handle.slot, handle.attempt)
         since = None
         if child is not None and child.role == TRAINER:
-            since = (observe.attempt_began_wall(child, self.out.started_wall, self.wall(), self.clock()),
+            since = (observe.attempt_began_wall(child, self.out.started_wall, self.wall(), self.clock(),
+                                                self.clock.unwatched_since(child.started)),
                      observe.unheard_floor(child))
         # the exit report: only a chief's counts (a promoted standby's too: it wrote it as the trainer it
         # became); a group's worker never commits a checkpoint, so its 42 is no preemption

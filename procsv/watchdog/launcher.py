@@ -66,6 +66,7 @@ from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules import group
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.publish.probes import LoopPulse
+from procsv.watchdog.watchclock import WatchedClock
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.publish.events import Report
@@ -112,7 +113,8 @@ class Watchdog:
         ``seed``: a zygote seed forked at the launch's start (:meth:`ZygoteSeed.fork`), its first zygote."""
         self.cfg = cfg
         self.seed = seed
-        self.clock = clock
+        # every timer's clock: ``clock`` without the time this process was stopped (SIGSTOP, then SIGCONT)
+        self.clock = WatchedClock(clock)
         self.wall = wall
         self.rng = rng or random.Random()
         self.limits = cfg.limits()
@@ -121,16 +123,16 @@ class Watchdog:
         since = 0.0 if born is None else max(0.0, wall() - born)
         # the steps the logdir's earlier launches skipped stay skipped: this launch's trainers skip them
         # again (Executor.resume), and its status and report name them (read before this launch's records)
-        self.view = RunView(launch_start=clock(), tasks_alone=cfg.ps > 0,
+        self.view = RunView(launch_start=self.clock(), tasks_alone=cfg.ps > 0,
                             skipped_steps=list(skipped_steps(self.layout.lifecycle)),
                             findings=Findings(suspect_after=cfg.trainer.suspect_after))
         self.view.process_start = self.view.launch_start - since
         # its first services' seeds, forked before its first thread (the Reporter's); run() uses or discards them
         self.services = ServiceSeeds.plant(cfg.preempt_signal)  # (procsv.watchdog.seeds)
-        self.out = Reporter(cfg, self.layout, clock, wall)
+        self.out = Reporter(cfg, self.layout, self.clock, wall)
         self.out.started_wall -= since
         self.internal_errors = 0
-        self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, clock)
+        self.logdir = LogdirGuard(self.layout, self.view, self.out, cfg.logdir_timeout, self.clock)
         self.metrics: Optional[MetricsServer] = None
         self.pulse: Optional[LoopPulse] = None  # what /healthz and /readyz answer from (with --metrics-port)
         self.link: Optional[NodeLink] = None  # the other hosts' agents (--nnodes > 1)
@@ -206,6 +208,7 @@ class Watchdog:
             if self.cfg.prewarm:
                 seed, self.seed = self.seed, None  # (the zygote's now: grown, or discarded if unsuitable)
                 ex.start_zygote(seed=seed)
+            self.clock.watch()  # (from the loop's first reading: a suspension of the job is no silence of its children)
             self.view.restart_at = self.clock()  # the first trainer (it waits for the zygote, if any)
             remote = ex.remote
             while not (self.view.finishing and not ex.handles and not ends.pending
@@ -217,6 +220,7 @@ class Watchdog:
                 except Exception as exc:  # a bug in procsv itself: stop the run in order
                     self._internal_error(exc)
         finally:
+            self.clock.unwatch()
             self._close()
         return self.view.exit_code
 
@@ -323,6 +327,7 @@ class Watchdog:
         """Decide at the current time and perform the actions; then hand the echo of the trainer's log,
         a look at the logdir and the status file to the logdir writer thread (none of it waits)."""
         fault_point("round", self.view.step)
+        self.out.record(observe.suspended(self.clock.new_stops(), self.clock.subtracted))
         self.ends.check_unkillable(self.ex)
         self._settle()  # ends whose reads are done, or past their bound
         self.ex.poll_fork()

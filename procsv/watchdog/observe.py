@@ -27,6 +27,7 @@ from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, w
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
 from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
+from procsv.watchdog.rules.unwatched import Stop
 from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
 
@@ -322,12 +323,15 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Rep
     return []
 
 
-def attempt_began_wall(child: ChildView, launch_wall: float, wall_now: float, clock_now: float) -> float:
+def attempt_began_wall(child: ChildView, launch_wall: float, wall_now: float, clock_now: float,
+                       stopped: float = 0.0) -> float:
     """When ``child``'s attempt began (its spawn or promotion), on the wall clock the manifests'
     ``committed_at`` is on: only a manifest committed since then can be its commit. (Since the
     launch began was not enough: an earlier attempt's commit that the next attempts skip, say as
-    unreadable, was then every later attempt's progress, and the run never gave up.)"""
-    return max(launch_wall, wall_now - (clock_now - child.started))
+    unreadable, was then every later attempt's progress, and the run never gave up.) ``stopped``: the
+    seconds the watchdog's clock left out since (its stops: ``WatchedClock.unwatched_since``), which
+    the wall clock counted."""
+    return max(launch_wall, wall_now - (clock_now - child.started) - stopped)
 
 
 def unheard_floor(child: ChildView) -> int:
@@ -472,9 +476,19 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 
+def suspended(stops: list[Stop], total: float) -> list[Report]:
+    """The watchdog's own process was stopped (``stops``: those its clock subtracted since the last round; ``total``:
+    the seconds of all so far): one record and line each."""
+    return [Report(Event.SUSPENDED, {"secs": round(s.secs, 3), "total": round(total, 3)},
+                   say=f"procsv: this launch was stopped for {s.secs:.1f} s (SIGSTOP, then SIGCONT: a suspended job?); "
+                       "its timers leave that time out")
+            for s in stops]
+
+
 def resumed(view: RunView, now: float) -> None:
     """Node 0's loop turns again at ``now`` after a stall of its own (a round ``OWN_STALL_SECS`` or more after the one
-    before: stopped or descheduled; the agents' beats queued meanwhile are read a moment after): rule 12's
+    before, on the watched clock: blocked or descheduled, a stop being left out of that clock; the agents' beats queued
+    meanwhile are read a moment after): rule 12's
     ``--node-timeout`` bound counts each host's silence from now (:func:`~procsv.watchdog.rules.hosts.host_actions`)."""
     for n in view.nodes.values():
         n.watched_from = now

@@ -86,6 +86,7 @@ from procsv.watchdog.multihost.nodes import host_ip
 from procsv.watchdog.multihost.probes import ProbePort
 from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
+from procsv.watchdog.watchclock import WatchedClock
 
 TICK = 0.05
 HOLDER_WAIT_SECS = 5.0  # a relaunched master: node 1 joins once its holder handed its copies back, or this long after
@@ -126,7 +127,8 @@ class NodeAgent(Prewarmed):
         super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
         self.layout = Layout(os.path.abspath(cfg.logdir))
-        self.clock = clock
+        # every timer's clock: ``clock`` without the time this process was stopped (SIGSTOP, then SIGCONT)
+        self.clock = clock if isinstance(clock, WatchedClock) else WatchedClock(clock)
         self.host = host_ip(cfg.master_addr)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
         self.stop_code: Optional[int] = None
@@ -137,15 +139,15 @@ class NodeAgent(Prewarmed):
         # SignalMember reached it alive (its MemberEnded says so)
         self.asked: dict[str, bool] = {}
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
-        self.heard_at = clock()  # the master's last word (the start counts as one)
+        self.heard_at = self.clock()  # the master's last word (the start counts as one)
         self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         # (and node 0 as this agent sees it: rules.hosts.master_lost, its beats' gaps and the probes of its address)
         self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes,
-                               cfg.master_addr or "", clock)
-        self.pulse = pulse or LoopPulse(clock)  # what --metrics-port's probes answer from (it latches a step)
+                               cfg.master_addr or "", self.clock)
+        self.pulse = pulse or LoopPulse(self.clock)  # what --metrics-port's probes answer from (it latches a step)
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
         self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
 
@@ -200,12 +202,14 @@ class NodeAgent(Prewarmed):
     def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], holder: Optional[Holder]
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
+        self.clock.watch()  # (a suspension of the job is no silence of node 0's)
         self.heard_at = self.clock()
         port = ProbePort(self.host)  # node 0's probes: this host's kernel answers them, this loop turning or not
         try:
             return self._turn(zctx, pull, stops, port, "" if faults.fires("agent", "no_probe_port") else port.address,
                               holder, not faults.fires("agent", "no_redial"))
         finally:
+            self.clock.unwatch()
             port.close()
             self.seen.close()
 
@@ -226,6 +230,9 @@ class NodeAgent(Prewarmed):
         relaunch_at: Optional[float] = None  # a relaunched master's launch read then, its hellos held back for the holder
         while self.stop_code is None:
             now = self.clock()
+            for stop in self.clock.new_stops():
+                self.say(f"this agent was stopped for {stop.secs:.1f} s (SIGSTOP, then SIGCONT: a suspended job?); its "
+                         "timers leave that time out")
             timeout = self.node_timeout
             self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.heard_at <= timeout, self.say)
             if self.stop_code is not None:  # (None until now: the loop's condition)

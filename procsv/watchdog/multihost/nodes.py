@@ -175,7 +175,8 @@ class NodeLink:
         each round, before the decision, so that an answer that came is never counted missing (and a probe
         unanswered counts only as long as it was out at the look, however late the decision comes)."""
         now = self.clock()
-        if now - self._round_at >= OWN_STALL_SECS:  # (node 0 stopped or descheduled: rule 12's bound counts from now)
+        if now - self._round_at >= OWN_STALL_SECS:  # (node 0 blocked or descheduled: rule 12's bound counts from now;
+            # a stop is no gap here: the watched clock left it out)
             observe.resumed(self.view, now)
         self._round_at = now
         looked_at, answers = self.prober.answers()

@@ -51,6 +51,9 @@ orphans_killed         pids (processes of the run whose parent died, adopted and
 logdir_lost            path, reason (the logdir was deleted, moved or replaced: the run stops)
 standby_ready          pid, attempt, secs (a hot standby waits, its program built, since spawn)
 standby_decided        mode, reason (``--standby auto``: which mode the launch chose, and why)
+suspended              secs, total
+                       (the launch's process was stopped ``secs`` seconds, SIGSTOP then SIGCONT: Slurm's ``scontrol
+                       suspend``/``resume``, job control; its timers leave that time out, ``total`` s so far)
 node_joined            node, host, pid, link
                        (``--nnodes``: another host's agent connected, or came back; link: its connection that said
                        the hello, ``NodeHello.link``)
@@ -141,6 +144,7 @@ class Event(str, enum.Enum):
     LOGDIR_LOST = "logdir_lost"
     STANDBY_READY = "standby_ready"
     STANDBY_DECIDED = "standby_decided"
+    SUSPENDED = "suspended"
     NODE_JOINED = "node_joined"
     NODE_LOST = "node_lost"
     NODE_REFUSED = "node_refused"
@@ -187,6 +191,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.LOGDIR_LOST: frozenset({"path", "reason"}),
     Event.STANDBY_READY: frozenset({"pid", "attempt", "secs"}),
     Event.STANDBY_DECIDED: frozenset({"mode", "reason"}),
+    Event.SUSPENDED: frozenset({"secs", "total"}),
     Event.NODE_JOINED: frozenset({"node", "host", "pid", "link"}),
     Event.NODE_LOST: frozenset({"node", "host", "silent_secs", "reason"}),
     Event.NODE_REFUSED: frozenset({"node", "host", "pid", "key", "reason"}),

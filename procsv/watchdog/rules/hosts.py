@@ -13,10 +13,11 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   network is cut, or whose power or kernel is gone, is found within 0.5 s of its silence. A slow agent
   (stopped, starved of CPU, blocked) is not: its host's kernel still completes the handshake, so only
   the bound applies to it, ``node_timeout`` (``--node-timeout``) seconds without a beat, whatever the
-  probes say, counted from node 0's own resumption when node 0 itself stalled since the host's last beat (its
-  loop stopped or descheduled ``OWN_STALL_SECS`` or more, ``NodeView.watched_from``: the beats that came meanwhile are
-  read a moment after it resumes, and its first round decided before them, found a host that beat all along lost
-  "for 20 s", about one run in two after a SIGSTOP of 20 s). The fast path needs a probe port that answered once (``probe_ok``: one behind a firewall
+  probes say, on node 0's watched clock (:mod:`procsv.watchdog.rules.unwatched`: a time node 0 was stopped, SIGSTOP
+  then SIGCONT, is left out; before, its first round after a SIGSTOP of 20 s decided before the beats queued meanwhile
+  were read and found a host that beat all along lost "for 20 s", about one run in two), and counted from node 0's own
+  resumption when its loop stalled without a stop since the host's last beat (blocked or descheduled
+  ``OWN_STALL_SECS`` or more, ``NodeView.watched_from``: the beats that came meanwhile are read a moment after). The fast path needs a probe port that answered once (``probe_ok``: one behind a firewall
   never did, and an unanswered probe then means nothing). An answer of a reset to a probe sent since the last
   beat (the host is up, its agent's port closed: the agent died or exited, :func:`agent_gone`) finds the host
   lost as soon: no agent is there to be slow (before, it was left to the bound, 15 s by default, while the
@@ -56,7 +57,7 @@ PROBE_RTT = 0.05  # a probe out this long at a look counts as unanswered (a LAN'
 PROBES_MIN = 2
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
 PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
-OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before: it was stopped or descheduled, not watching
+OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watched time): blocked or descheduled, not watching
 
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:

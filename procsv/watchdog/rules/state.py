@@ -296,8 +296,9 @@ class NodeView:
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
     healed_at: Optional[float] = None
     healed_after: float = 0.0
-    # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (stopped or
-    # descheduled OWN_STALL_SECS or more: the beats queued meanwhile are read a moment after): rule 12's bound counts from it
+    # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (blocked or
+    # descheduled OWN_STALL_SECS or more, not stopped: the beats queued meanwhile are read a moment after): rule 12's
+    # bound counts from it (a stop, SIGSTOP then SIGCONT, is left out of the watched clock itself)
     watched_from: float = float("-inf")
 
 

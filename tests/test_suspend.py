@@ -1,0 +1,99 @@
+"""A launch suspended as Slurm suspends a job (``scontrol suspend``: SIGSTOP to every process of it; ``scontrol
+resume``: SIGCONT) for longer than its stall and hang limits is only stopped, not stuck: no service killed, no
+trainer restarted, and the run ends with an uninterrupted run's weights.
+
+Before the watched clock (procsv/watchdog/watchclock.py) the watchdog's first round after the resume found
+"no checkpoint committed for 12.x s" and SIGKILLed the checkpoint service, and the trainer silent past
+``--hang-timeout``. The clock's arithmetic and a single process stopped by real signals: test_watched_clock.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from conftest import PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, run_processes, wait_for
+
+pytestmark = pytest.mark.slow
+PACED = os.path.join(PROGRAMS, "paced.py")
+STOP_SECS = 12.0  # longer than the stall rule's floor (10 s; 3 save intervals of 1 s) and --hang-timeout 5
+
+
+def _tree(root: int) -> list[psutil.Process]:
+    """``root`` and every process below it (``root`` first)."""
+    top = psutil.Process(root)
+    return [top, *top.children(recursive=True)]
+
+
+def _stop_all(root: int) -> list[psutil.Process]:
+    """SIGSTOP every process of the launch, the watchdog first, until a look finds none new (as Slurm's
+    ``scontrol suspend`` stops every process of the job): the processes stopped."""
+    stopped: dict[int, psutil.Process] = {}
+    while True:
+        new = [p for p in _tree(root) if p.pid not in stopped]
+        if not new:
+            return list(stopped.values())
+        for p in new:
+            try:
+                p.send_signal(signal.SIGSTOP)
+                stopped[p.pid] = p
+            except psutil.NoSuchProcess:
+                pass
+
+
+def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_restart(logdir, clean_weights,
+                                                                                           tmp_path):
+    fast = str(tmp_path / "fast")
+    proc = launch(logdir, "--fast-after", fast, "--steps", "1200", "--step-delay", "0.02", "--save-model-secs", "1",
+                  target=PACED, opts=("--standby", "fork", "--hang-timeout", "5"))
+    try:
+        wait_for(lambda: len(committed_steps(logdir)) >= 2, 120, what="two checkpoints")
+        stopped = _stop_all(proc.pid)
+        assert len(stopped) >= 4  # the watchdog, the checkpoint and summary services, the trainer (and its zygote)
+        wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in stopped), 30, what="every process stopped")
+        newest = max(committed_steps(logdir))
+        time.sleep(STOP_SECS)  # (the suspension itself: nothing of the run runs meanwhile)
+        # the watchdog continued first and alone (a resume reaches the processes one by one): its rounds see the
+        # trainer silent and nothing committed for the whole suspension, until the rest is continued
+        watchdog, rest = stopped[0], stopped[1:]
+        watchdog.send_signal(signal.SIGCONT)
+        judged = ("suspended", "checkpoint_stalled", "hang_detected")
+        wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in judged], 60,
+                 what="a round of the watchdog's after its resume")
+        for p in rest:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass  # (killed by the watchdog meanwhile: the assertions below say so)
+        # the watchdog's rules ran after the resume, while a checkpoint committed since (its first round after it
+        # is the one that found the service stalled and the trainer hung, before the watched clock)
+        wait_for(lambda: max(committed_steps(logdir)) > newest, 60, what="a checkpoint after the resume")
+        open(fast, "w").close()  # the steps left run at once
+    finally:
+        code, out, err = finish(proc)
+        leftovers = run_processes(logdir)
+        for p in leftovers:
+            p.kill()
+    events = lifecycle(logdir)
+    # nothing was judged stuck: no service killed, no trainer restarted
+    assert not [e for e in events if e["event"] in ("checkpoint_stalled", "summary_stalled", "hang_detected",
+                                                    "restarting", "restarted", "node_lost")], err[-4000:]
+    assert code == 0, err[-4000:]
+    assert not leftovers
+    # the watchdog said its stop once: from its last reading before it to the SIGCONT, STOP_SECS at least (it was
+    # stopped before the sleep began and continued after it ended)
+    said = [e for e in events if e["event"] == "suspended"]
+    assert len(said) == 1 and said[0]["secs"] >= STOP_SECS and said[0]["total"] == said[0]["secs"], said
+    assert "this launch was stopped for" in out + err
+    spawned = sorted(e["role"] for e in events if e["event"] == "spawned")
+    assert spawned == ["checkpoint", "summary", "trainer", "zygote"], spawned
+    finished = [e for e in events if e["event"] == "finished"]
+    assert finished and finished[0]["state"] == "succeeded" and finished[0]["step"] == 1200
+    a, b = clean_weights, final_weights(logdir)
+    assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs after a suspension"
