@@ -166,8 +166,11 @@ def test_a_member_of_host_1_sigkilled_twice_and_node_0s_chief_once_each_promoted
             return (steps[-1] if steps and steps[-1] >= again + SNAP_K + 10
                     and SNAP_K // 5 <= steps[-1] % SNAP_K <= SNAP_K // 2 else 0)
 
+        # (the host goes with a standby group prepared on both hosts: it takes the group along, the restart forks)
+        wait_for(lambda: standby_spawned(logdir, 5) == {"standby": "zygote", "standby1": "node1"}, 60,
+                 what="the standby group for attempt 5 on both hosts")
         kills.append(wait_for(mid_interval, 180, interval=0.02, what="worker1.4 mid-interval"))
-        for pid in host_pids():  # the whole host goes: its agent and its member
+        for pid in host_pids():  # the whole host goes: its agent, its member and its standby group's member
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
         wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
@@ -187,6 +190,8 @@ def test_a_member_of_host_1_sigkilled_twice_and_node_0s_chief_once_each_promoted
                        (5, "trainer", "zygote"), (5, "worker1", "node1")], spawned
     woken = re.findall(r"^procsv: promoted the standby trainer group's worker1 \(pid \d+ on node 1\) to attempt (\d)$", out, re.M)
     assert woken == ["2", "3", "4"], out  # (by node 1's agent)
+    assert re.search(r"^procsv: the standby group's member standby1 attempt 5 \(pid \d+\) was killed by SIGKILL: "
+                     r"HostLost: node 1 ", err, re.M), err  # (with its host; node 0's killed with it: STANDBY_LOST)
     assert counts == [1, 1, 1]
     restored = events(logdir, "restored")
     assert len(restored) == 4, restored

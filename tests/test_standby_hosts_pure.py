@@ -11,7 +11,8 @@ from __future__ import annotations
 from procsv.ipc.messages import NodeHello, StandbyReady, TrainerReady
 from procsv.watchdog import observe
 from procsv.watchdog.rules import standby
-from procsv.watchdog.rules.actions import Action, Cause, Kill, Promote, Restart, Signal, Spawn
+from procsv.watchdog.actionlines import standby_gone_reports
+from procsv.watchdog.rules.actions import Action, Cause, Kill, Promote, Restart, Signal, Spawn, StandbyGone
 from procsv.watchdog.rules.bookkeeping import note
 from procsv.watchdog.rules.decide import Limits
 from procsv.watchdog.rules.hang import HangLimits
@@ -139,6 +140,11 @@ def test_a_host_lost_with_the_standby_group_prepared_takes_the_group_along_and_t
     acts = sim.tick(0.01)
     assert Kill(STANDBY, 2, Cause.STANDBY_LOST) in acts, acts
     assert not of(acts, Promote)
+    [gone] = [a for a in acts if isinstance(a, StandbyGone) and a.slot == S1]
+    assert gone.failed  # (the loss counts as one end of a standby: the next group after the backoff)
+    [line] = standby_gone_reports(sim.view, gone, sim.now)
+    assert line.say.startswith(f"procsv: the standby group's member {S1} attempt 2 (pid ") and "HostLost: node 1" in \
+        line.say, line.say
     sim.reaps(STANDBY, KILLED)
     sim.reaps(TRAINER, KILLED)
     acts = [a for _ in range(4) for a in sim.tick(0.5)]
