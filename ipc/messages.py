@@ -33,7 +33,7 @@ Who sends what (see docs/architecture.md for the full table):
 * master watchdog <-> node agents (``--nnodes M``: a ROUTER on ``--master-addr``, a DEALER per
   agent; ZeroMQ TCP with CURVE): :class:`NodeHello`, :class:`MemberStarted`, :class:`MemberEnded`,
   :class:`Relayed` (a member's own report, one of :data:`RELAYABLE`) up; :class:`MasterBeat`,
-  :class:`StartMembers`, :class:`SignalMember`, :class:`NodeStop`, :class:`NodeRefused` down
+  :class:`StartMembers`, :class:`PromoteMember`, :class:`SignalMember`, :class:`NodeStop`, :class:`NodeRefused` down
   (:mod:`procsv.ipc.node_messages`); and :class:`StacksAsked` down, :class:`StacksTaken` up: the
   stacks of an agent's members (:mod:`procsv.ipc.stack_messages`).
 * ``procsv stacks`` <-> node 0's watchdog (``--nnodes M``: a DEALER to the watchdog's ``stacks.sock``
@@ -65,7 +65,7 @@ from procsv.ipc.watchdog_messages import (AuditResult, Hello, NonfiniteDetected,
                                          SummaryOverdue, TrainerReady)
 from procsv.ipc.zygote_messages import ForkReply, ForkRequest, ServiceStart, ZygoteReady, ZygoteStart
 from procsv.ipc.node_messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, NodeHello,
-                                      NodeRefused, NodeStop, Relayed, SignalMember, StartMembers)
+                                      NodeRefused, NodeStop, PromoteMember, Relayed, SignalMember, StartMembers)
 from procsv.ipc.replica_messages import ReplicaCopy, ReplicaHello
 from procsv.ipc.stack_messages import Frame, ProcessStacks, StacksAsked, StacksTaken, ThreadStack
 
@@ -119,6 +119,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     NodeHello,
     MasterBeat,
     StartMembers,
+    PromoteMember,
     SignalMember,
     NodeStop,
     NodeRefused,
@@ -142,7 +143,7 @@ __all__ = [
     "ReplicaHello", "ReplicaCopy",
     "SummaryItem", "ProtoRef", "SummaryBatch", "SummaryAck", "SessionLogEvent", "GraphEvent", "RunScalars",
     "ZygoteReady", "ZygoteStart", "ServiceStart", "ForkRequest", "ForkReply",
-    "NodeHello", "MasterBeat", "StartMembers", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
+    "NodeHello", "MasterBeat", "StartMembers", "PromoteMember", "SignalMember", "NodeStop", "NodeRefused", "MemberStarted", "MemberEnded",
     "MemberLooked", "Relayed", "RELAYABLE",
     "Frame", "ThreadStack", "ProcessStacks", "StacksAsked", "StacksTaken",
 ]

@@ -5,7 +5,7 @@ watchdog (the master, which decides for the whole job) binds a ROUTER on ``--mas
 node agent of every other host (:mod:`procsv.watchdog.multihost.agent`) connects a DEALER to it. Agents
 send :class:`NodeHello` (also their heartbeat), :class:`MemberStarted`, :class:`MemberEnded` and
 :class:`Relayed` (a trainer's own report, as it sent it: one of :data:`RELAYABLE`); the master sends
-:class:`MasterBeat`, :class:`StartMembers`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
+:class:`MasterBeat`, :class:`StartMembers`, :class:`PromoteMember`, :class:`SignalMember` and :class:`NodeStop`, and :class:`NodeRefused` to an
 agent whose claim of a node rank it refused; both carry node 0's ``--node-timeout``, which every
 agent uses for node 0 (how long it may be silent). No message carries a key: the master knows each
 agent's public key from the CURVE handshake (ZeroMQ's ``User-Id`` of every frame).
@@ -14,15 +14,17 @@ agent's public key from the CURVE handshake (ZeroMQ's ``User-Id`` of every frame
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from procsv.ipc.message_base import Message
-from procsv.ipc.watchdog_messages import NonfiniteDetected, Progress, RolledBack, StepSkipped, TrainerReady
+from procsv.ipc.watchdog_messages import NonfiniteDetected, Progress, RolledBack, StandbyReady, StepSkipped, TrainerReady
 
 # what a member on another host tells its watchdog, which its agent relays to node 0 in a Relayed (the
 # agent's PULL takes only these, node 0 decodes only these from a Relayed's frames): a trainer's progress
-# and restore, and non-finite training (issue 41). Not the chief's (on node 0): Save/SummaryOverdue.
-RELAYABLE: frozenset[type[Message]] = frozenset({Progress, TrainerReady, NonfiniteDetected, RolledBack, StepSkipped})
+# and restore, non-finite training (issue 41), and a standby group's member ready to be promoted (issue 70).
+# Not the chief's (on node 0): Save/SummaryOverdue.
+RELAYABLE: frozenset[type[Message]] = frozenset({Progress, TrainerReady, NonfiniteDetected, RolledBack, StepSkipped,
+                                                 StandbyReady})
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,32 @@ class MasterBeat(Message):
 class StartMembers(Message):
     """Master -> agent: start these tasks of the group's attempt ``attempt``; ``env`` is what every
     member's environment gets besides its own task (``TF_CONFIG`` is built from ``cluster``, unless
-    ``env`` carries it: a ``--ps`` worker's, one rank, ``cluster`` empty)."""
+    ``env`` carries it: a ``--ps`` worker's, one rank, ``cluster`` empty). ``standby``: they are this host's
+    share of a standby group prepared to become attempt ``attempt`` (slots ``standby<R>``, the next attempt's
+    ``worker<R>`` once promoted by :class:`PromoteMember`; ``env`` says ``PROCSV_STANDBY=1``)."""
 
     KIND: ClassVar[str] = "start_members"
     attempt: int
     ranks: list[int]
     cluster: list[str]
     env: dict[str, str]
+    standby: bool = False
+
+
+@dataclass(frozen=True)
+class PromoteMember(Message):
+    """Master -> agent: promote this host's standby group member ``slot`` (``standby<R>``), prepared for attempt
+    ``attempt``, to the attempt's ``worker<R>``, as node 0's watchdog promotes its own: the agent writes the
+    member's :class:`~procsv.ipc.watchdog_messages.Promotion` (these fields) to its runtime directory and sends
+    it SIGUSR1 (the agent is its parent: the one sender a standby obeys). Node 0 sends one to each member of
+    the group, every host's, in the same round."""
+
+    KIND: ClassVar[str] = "promote_member"
+    slot: str
+    attempt: int
+    skip_steps: list[int]
+    rollback_before: Optional[int] = None
+    launch_start_step: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="how a crashed trainer is replaced: hot = promote a standby trainer that already ran "
                          "the program up to restoring; fork = fork one from the pre-warmed trainer; off = start a "
                          "fresh process (as --no-prewarm); auto = hot if memory allows (twice the "
-                         "trainer's size plus 1 GiB available), else fork (the default)")
+                         "trainer's size plus 1 GiB available), else fork (the default; with --nnodes: fork, and "
+                         "hot prepares a standby group over the hosts, each host's members forked by its agent)")
     la.add_argument("--nproc", type=int, default=1, metavar="N",
                     help="run N trainer processes as one tf.distribute worker group (TF_CONFIG on free ports, "
                          "task 0 the chief, which saves): any member's death or hang restarts the whole group "
@@ -266,9 +267,6 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
     check_coordinator(args.coordinator, args.ps, args.nnodes)
     check_min_nodes(args.min_nodes, args.nnodes, args.ps)
-    if args.nnodes > 1 and args.standby == "hot":
-        raise UsageError("--standby hot needs one host: a group over --nnodes hosts restarts together from the "
-                         "pre-warmed trainers (--standby fork, the default with --nnodes)")
     from procsv.watchdog.multihost.slurm import after_run, parse_preempt_signal, warn_grace
 
     preempt_signal = parse_preempt_signal(args.preempt_signal, args.requeue_on_preempt, placed.job_id)
@@ -280,7 +278,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
                        stop_grace_secs=args.stop_grace_secs, quiet=args.quiet,
                        hang=HangSettings(args.hang_timeout, args.startup_timeout, args.hang_grace_secs, args.stuck_secs),
                        chaos=args.chaos, prewarm=not args.no_prewarm and args.standby != "off",
-                       standby="off" if args.no_prewarm else "fork"  # hosts, or --ps: no hot standby (group)
+                       standby="off" if args.no_prewarm else "fork"  # hosts, --ps: no hot standby unless asked
                        if (args.nnodes > 1 or args.ps) and args.standby == "auto" else args.standby,
                        nproc=args.workers if args.ps else args.nproc, ps=args.ps, coordinator=args.coordinator,
                        worker_give_up=args.on_worker_give_up or "continue",

@@ -23,7 +23,11 @@ whole group, as before the standby group), its runs interleaved with the others'
 ``--prewarm``: (a) by a standby pair of plain processes woken at the kill, its step traced (``warm``), and also run
 once among its members (``warm+step``): what a pre-warmed group would bring (``scripts/bench_group_prewarm.py``),
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
-under its node agent (``--nnodes 2``); its MTTR is printed beside and as ``host_mttr_s``; and (h) an elastic group
+under its node agent (``--nnodes 2``), each run with ``--standby hot`` (a standby group over both hosts, issue 70)
+and with ``--standby fork`` (each restart forks the group: the default with --nnodes), interleaved; their MTTR and
+breakdown are printed side by side and as ``host_mttr_s`` and ``host_fork_mttr_s`` (a kill with ``hot`` not promoted
+from the standby group fails the run; ``--no-elastic``: (h) not run; ``--local-repeats 0``: no run of (a) on one
+host); and (h) an elastic group
 (``--min-nodes 1``) losing that host for good and taking it back, beside the rejoin without ``--min-nodes``
 (``scripts/bench_group_elastic.py``, which runs it alone), its ``elastic_*`` and ``rejoin_baseline_s`` figures
 last (``PROCSV_BENCH_HOST=N``: that host's names and subnet of its own). ``--tier``: (e) steps re-done per
@@ -249,14 +253,16 @@ def standby_group_ready(logdir: str, attempt: int) -> bool:
 def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict[str, Any]:
     """(a) one procsv run: KILLS SIGKILLs of worker1, each MTTR with its breakdown; the run's correctness.
     ``hosts``: worker1 runs on a second "host" (a network namespace) under its node agent. ``standby``:
-    ``--standby`` (``auto``: each kill waits for the standby group; ``fork``: each restart forks the group)."""
+    ``--standby`` (``auto``, or ``hot`` over two hosts: each kill waits for the standby group; ``fork``: each
+    restart forks the group)."""
     steps = GAP * (KILLS + 1) + 400
     example = [*EXAMPLE, "--steps", str(steps), "--save-model-secs", "1"]
     agent: Optional[subprocess.Popen[bytes]] = None
     if hosts:
         group = ("--nnodes", "2", "--master-addr", f"{NET}.1:{random.randint(30000, 60000)}")
-        proc = launch(logdir, [], example, group)
-        agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent")
+        proc = launch(logdir, ["--standby", standby], example, group)
+        agent = launch(logdir, ["--standby", standby], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS),
+                       ".agent")
     else:
         proc = launch(logdir, ["--standby", standby], example)
     rows: list[dict[str, float]] = []
@@ -264,7 +270,7 @@ def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict
         for a in range(1, KILLS + 1):
             first = wait(lambda: chief_first_step(logdir, a), 180, f"attempt {a}'s first step")
             wait(lambda: step_at_least(logdir, first["step"] + GAP), 120, "training before the kill")
-            if standby != "fork" and not hosts:
+            if standby != "fork":  # (two hosts: --standby hot, a standby group over both; auto is fork there)
                 wait(lambda: standby_group_ready(logdir, a + 1), 180, f"the standby group for attempt {a + 1}")
             pid = wait(lambda: worker_pid(logdir, a), 30, "worker1's pid")
             t_kill = time.time()
@@ -422,22 +428,31 @@ def stall_trial(logdir: str) -> dict[str, Any]:
             "left": leftovers(logdir)}
 
 
-def two_host_kills(root: str, repeats: int, failures: list[str]) -> list[dict[str, Any]]:
-    """``--hosts``: ``repeats`` runs of (a) with worker1 on a second "host" (made for them); a run that did not
-    finish at --steps with exit 0 is added to ``failures``."""
-    host_runs: list[dict[str, Any]] = []
+def two_host_kills(root: str, repeats: int, failures: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``--hosts``: ``repeats`` runs of (a) with worker1 on a second "host" (made for them), each with ``--standby
+    hot`` (a standby group over both hosts, issue 70) and with ``--standby fork`` (each restart forks the group, the
+    default with --nnodes), interleaved; a run that did not finish at --steps with exit 0 is added to ``failures``.
+    Returns the standby group's runs and the fork's."""
+    hot: list[dict[str, Any]] = []
+    forks: list[dict[str, Any]] = []
     with second_host():
         for r in range(repeats):
-            host_runs.append(run := group_kills(os.path.join(root, f"h{r}"), hosts=True))
-            if not run["ok"]:
-                failures.append(f"(a, two hosts) run {r + 1} did not finish at --steps with exit 0")
-            print(f"two hosts, repeat {r + 1}: group MTTR per kill {[round(x['mttr'], 3) for x in run['rows']]}"
-                  f" s; load {os.getloadavg()[0]:.1f}", flush=True)
-    return host_runs
+            for way in ("hot", "fork") if r % 2 == 0 else ("fork", "hot"):
+                run = group_kills(os.path.join(root, f"h{r}{way}"), hosts=True, standby=way)
+                (hot if way == "hot" else forks).append(run)
+                if not run["ok"]:
+                    failures.append(f"(a, two hosts, --standby {way}) run {r + 1} did not finish at --steps with "
+                                    "exit 0")
+                print(f"two hosts (--standby {way}), repeat {r + 1}: group MTTR per kill "
+                      f"{[round(x['mttr'], 3) for x in run['rows']]} s; promoted "
+                      f"{sum(int(x['promoted']) for x in run['rows'])} of {len(run['rows'])}; load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
+    return hot, forks
 
 
 def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: list[float], failures: list[str],
-                left: int, host_runs: list[dict[str, Any]], host_loss_line: str) -> int:
+                left: int, host_runs: list[dict[str, Any]], host_loss_line: str,
+                host_forks: Optional[list[dict[str, Any]]] = None) -> int:
     """``--mttr-only``: (a)'s table, the standby group's runs beside ``--standby fork``'s and (``--hosts``) the
     two-host runs' MTTR; (``--host-loss``) the table of (g) printed before, its ``hostloss_*`` figures last."""
     med = statistics.median
@@ -455,13 +470,28 @@ def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: l
     failures += [f"{left} process(es) of a run left behind (killed)"] if left else []
     for f in failures:
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
+    host_forks = host_forks or []
     if host_runs:
-        print(f"{'(a) two hosts (worker1 on host 1): MTTR, s':<46} {col(host_runs, 'mttr'):>22}")
+        print(f"{'(a) two hosts (worker1 on host 1)':<46} {'standby group (hot)':>22} {'--standby fork':>22}")
+        for key, name in (("mttr", "MTTR, s"), ("detect", "  detect"), ("stop", "  stop survivors"),
+                          ("spawn", "  spawn / promote"), ("tf", "  TF start-up"), ("build", "  build"),
+                          ("restore", "  restore"), ("first", "  first step")):
+            print(f"{name:<46} {col(host_runs, key):>22} {col(host_forks, key):>22}")
+        print(f"{'  kills promoted from the standby group':<46} "
+              f"{sum(int(x['promoted']) for r in host_runs for x in r['rows']):>15} of "
+              f"{sum(len(r['rows']) for r in host_runs):<3} {sum(int(x['promoted']) for r in host_forks for x in r['rows']):>15} of "
+              f"{sum(len(r['rows']) for r in host_forks):<3}")
+        if any(not x["promoted"] for r in host_runs for x in r["rows"]):
+            failures.append("(a, two hosts, --standby hot) a kill was not promoted from the standby group")
     mttr = [med([x["mttr"] for x in run["rows"]]) for run in runs]
     fork = [med([x["mttr"] for x in run["rows"]]) for run in forks]
     host = [med([x["mttr"] for x in run["rows"]]) for run in host_runs]
-    print(f"group_mttr_s={med(mttr):.3f}" + (f" fork_mttr_s={med(fork):.3f}" if fork else "")
-          + (f" host_mttr_s={med(host):.3f}" if host else "") + (f" {host_loss_line}" if host_loss_line else ""))
+    host_fork = [med([x["mttr"] for x in run["rows"]]) for run in host_forks]
+    print((f"group_mttr_s={med(mttr):.3f}" if mttr else "group_mttr_s=none")
+          + (f" fork_mttr_s={med(fork):.3f}" if fork else "")
+          + (f" host_mttr_s={med(host):.3f}" if host else "")
+          + (f" host_fork_mttr_s={med(host_fork):.3f}" if host_fork else "")
+          + (f" {host_loss_line}" if host_loss_line else ""))
     return 1 if failures else 0
 
 
@@ -485,6 +515,10 @@ def main() -> int:
     p.add_argument("--fork-too", action="store_true",
                    help="also (a) with --standby fork (each restart forks the whole group: no standby group), "
                         "its runs interleaved with the others")
+    p.add_argument("--no-elastic", action="store_true",
+                   help="with --hosts: not the elastic group's runs (scripts/bench_elastic.py's), only (a)'s two-host ones")
+    p.add_argument("--local-repeats", type=int, default=None,
+                   help="with --mttr-only: runs of (a) on one host (default --repeats; 0: only the two-host runs)")
     p.add_argument("--mttr-only", action="store_true",
                    help="(a) alone (no fresh pair, no (b), (c), (d)); with --hosts and --host-loss, those too")
     args = p.parse_args()
@@ -501,7 +535,7 @@ def main() -> int:
     left = 0
     try:
         runs, bases, forks = [], [], []
-        for r in range(repeats):
+        for r in range(repeats if args.local_repeats is None or not args.mttr_only else args.local_repeats):
             for fork in (False, True) if args.fork_too and r % 2 == 0 else (True, False) if args.fork_too else (False,):
                 (forks if fork else runs).append(run := group_kills(os.path.join(root, f"a{r}{'f' * fork}"),
                                                                     standby="fork" if fork else "auto"))
@@ -518,21 +552,23 @@ def main() -> int:
             bases.append(base := fresh_restarts(os.path.join(root, f"f{r}")))
             print(f"repeat {r + 1}: fresh restart {', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
         if args.mttr_only:
-            host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
-            elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts else {}
+            host_runs, host_forks = two_host_kills(root, repeats, failures) if args.hosts else ([], [])
+            elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts and not args.no_elastic \
+                else {}
             host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
             load.append(os.getloadavg()[0])
-            left += sum(run["left"] for run in host_runs) + sum(x["left"] for rs in host_loss.values() for x in rs)
+            left += sum(run["left"] for run in host_runs + host_forks) + sum(x["left"] for rs in host_loss.values()
+                                                                           for x in rs)
             failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
             return mttr_report(runs, forks, load, failures, left, host_runs, " ".join(
                 x for x in (elastic_bench.report(elastic) if elastic else "",
-                            hosts_bench.report(host_loss) if host_loss else "") if x))
+                            hosts_bench.report(host_loss) if host_loss else "") if x), host_forks)
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
                 if args.prewarm else {})
-        host_runs = two_host_kills(root, repeats, failures) if args.hosts else []
-        elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts else {}
+        host_runs, host_forks = two_host_kills(root, repeats, failures) if args.hosts else ([], [])
+        elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts and not args.no_elastic else {}
         failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
-        left += sum(run["left"] for run in host_runs)
+        left += sum(run["left"] for run in host_runs + host_forks)
         notice: dict[bool, list[float]] = {True: [], False: []}
         for i in range(max(3, repeats)):
             for way in ((True, False) if i % 2 == 0 else (False, True)):

@@ -15,11 +15,11 @@ from test_hosts import agent, master_addr
 
 def two_hosts(logdir: str, *args: str, env: dict[str, str] | None = None,
               nproc: int = 1, agent_env: dict[str, str] | None = None,
-              target: str = "procsv.examples.digits") -> tuple[Any, Any, str]:
+              target: str = "procsv.examples.digits", opts: tuple[str, ...] = ()) -> tuple[Any, Any, str]:
     """Node 0's launch (``env``) and node 1's agent (``agent_env``) of one job (``--nproc N --nnodes 2``:
-    N members a host; with N = 1 worker1 on node 1)."""
+    N members a host; with N = 1 worker1 on node 1); ``opts``: both launches' options besides."""
     addr = master_addr()
-    per_host = ("--nproc", str(nproc))
+    per_host = ("--nproc", str(nproc), *opts)
     opts = (*per_host, "--nnodes", "2", "--master-addr", addr, "--node-timeout", "4", "--group-grace-secs", "0")
     master = launch(logdir, *args, opts=opts, env=env, target=target)
     return master, agent(logdir, addr, *args, opts=per_host, env=agent_env, target=target), addr

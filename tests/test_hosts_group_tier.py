@@ -14,12 +14,13 @@ TensorFlow collectives over the bridge, real SIGKILLs). Needs root; skipped othe
 from __future__ import annotations
 
 import os
+import re
 import signal
 from typing import Any
 
 import pytest
 
-from conftest import finish, lifecycle, quiet_env, wait_for, wait_role_pid
+from conftest import finish, lifecycle, quiet_env, run_processes, wait_for, wait_role_pid
 from hosts_helpers import PACED, paced, two_hosts, two_hosts_ending_well, unpace
 from test_group import (CLEAN_HALF, K, SLOW, assert_bit_equal, clean_group_half, final_weights_of, group_started,
                         member_restores,
@@ -46,6 +47,12 @@ SNAP_PACE = "0.1"
 
 def snap_env() -> dict[str, str]:
     return quiet_env(PROCSV_GROUP_SNAPSHOT_STEPS=str(SNAP_K))
+
+
+def standby_spawned(logdir: str, attempt: int) -> dict[str, str]:
+    """The members of the (newest) standby group prepared for ``attempt``: role -> via (their ``spawned`` records)."""
+    return {r["role"]: r["via"] for r in events(logdir, "spawned") if r["role"].startswith("standby")
+            and r["attempt"] == attempt}
 
 
 def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int, k: int = K) -> None:
@@ -96,22 +103,30 @@ def member_keys(logdir: str) -> list[dict[str, Any]]:
     return out
 
 
-def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_the_group_from_the_peer_copies_bit_equal_and_each_killed_members_key_file_is_removed(  # noqa: E501
+def test_a_member_of_host_1_sigkilled_twice_and_node_0s_chief_once_each_promoted_from_the_standby_group_on_both_hosts_then_the_whole_host_restore_the_group_from_the_peer_copies_bit_equal_and_each_killed_members_key_file_is_removed(  # noqa: E501
         hosts, logdir, tmp_path, clean_group_half):
     # one run, two things of host 1's members SIGKILLed (before, two runs of their own):
     # the peer copies (issue 54 point 2): before, a group over hosts took no in-memory snapshots (K = 0):
     # each restart restored the last disk checkpoint (none here before the end: step 0). Now node 0's
-    # checkpoint service holds host 1's member's copies: worker1 SIGKILLed mid-interval three times, then
+    # checkpoint service holds host 1's member's copies: worker1 SIGKILLed mid-interval three times (now twice, and
+    # node 0's chief once between), then
     # host 1 (its agent and its member) SIGKILLed mid-interval and a new agent launched: each restarted
     # group restores a K-th step (K = SNAP_K) from memory on both members, host 1's from its peer copy, and
     # the run ends bit-equal to an uninterrupted group.
     # the key files: a member of host 1 files a CURVE key for node 0's checkpoint service and removes it
     # only at an orderly exit: before, each SIGKILL left its file until the launch ended (one more per
     # restart). Now node 0 removes the files of the attempts that are over: after each of the three kills
-    # of worker1, once the next group runs, the folder holds only the live member's file, of its attempt
+    # (worker1's, or the chief's, which takes worker1 along), once the next group runs, the folder holds only the
+    # live member's file, of its attempt
+    # the standby group over hosts (issue 70, --standby hot): each of the three member kills, on node 1 or node 0,
+    # is promoted from the standby group prepared for the next attempt, node 0's member by node 0's watchdog and
+    # node 1's by its agent (the spawned records of both say via standby, none forked), and restores from memory
+    # bit-equal as before;
+    # the host's loss takes its standby group along (the restart after it forks over both hosts again). Before,
+    # every restart forked both members (--standby hot was a usage error with --nnodes). No process is left behind
     gate, fast = paced(tmp_path)  # digits paced until the host's restarted group, then its steps left at once
     args, env = (*SLOW, "--step-delay", SNAP_PACE, "--steps", str(CLEAN_HALF), *fast), snap_env()
-    master, first, addr = two_hosts(logdir, *args, env=env, agent_env=env, target=PACED)
+    master, first, addr = two_hosts(logdir, *args, env=env, agent_env=env, target=PACED, opts=("--standby", "hot"))
     second = None
     kills: list[int] = []
     counts = []
@@ -124,7 +139,15 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
         after, killed = SNAP_K, set()
         for attempt in range(1, 4):
             killed.add(wait_role_pid(logdir, "worker1"))
-            kills.append(sigkill_mid_interval(logdir, "worker1", f"worker1.{attempt}", after, SNAP_K))
+            # (its standby group asked of both hosts: prepared once the group stepped, promoted ready or not)
+            try:
+                wait_for(lambda: standby_spawned(logdir, attempt + 1) == {"standby": "zygote", "standby1": "node1"},
+                         60, what=f"the standby group for attempt {attempt + 1} on both hosts")
+            except AssertionError as exc:
+                said = [r for r in lifecycle(logdir) if "standby" in str(r.get("role", r.get("event")))]
+                raise AssertionError(f"{exc}; its records: {said}") from None
+            role = "trainer" if attempt == 2 else "worker1"  # (node 0's member once: a kill on either host)
+            kills.append(sigkill_mid_interval(logdir, role, f"{role}.{attempt}", after, SNAP_K))
             group_started(logdir, attempt + 1)
 
             def only_the_live_members() -> list[dict[str, Any]]:
@@ -143,8 +166,11 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
             return (steps[-1] if steps and steps[-1] >= again + SNAP_K + 10
                     and SNAP_K // 5 <= steps[-1] % SNAP_K <= SNAP_K // 2 else 0)
 
+        # (the host goes with a standby group prepared on both hosts: it takes the group along, the restart forks)
+        wait_for(lambda: standby_spawned(logdir, 5) == {"standby": "zygote", "standby1": "node1"}, 60,
+                 what="the standby group for attempt 5 on both hosts")
         kills.append(wait_for(mid_interval, 180, interval=0.02, what="worker1.4 mid-interval"))
-        for pid in host_pids():  # the whole host goes: its agent and its member
+        for pid in host_pids():  # the whole host goes: its agent, its member and its standby group's member
             os.kill(pid, signal.SIGKILL)
         first.wait(10)
         wait_for(lambda: events(logdir, "node_lost"), 30, what="the host to be found lost")
@@ -156,6 +182,16 @@ def test_a_member_of_host_1_sigkilled_three_times_then_the_whole_host_restore_th
     acode, aout, aerr = finish(second, timeout=30) if second is not None else (None, "", "")
     assert code == 0, err
     assert acode == 0, aerr
+    wait_for(lambda: not host_pids() and not run_processes(logdir), 10, what="no process of the job left")
+    spawned = sorted((r["attempt"], r["role"], r["via"]) for r in events(logdir, "spawned")
+                     if r["role"] in ("trainer", "worker1"))
+    assert spawned == [(1, "trainer", "zygote"), (1, "worker1", "node1"),
+                       *[(a, role, "standby") for a in (2, 3, 4) for role in ("trainer", "worker1")],
+                       (5, "trainer", "zygote"), (5, "worker1", "node1")], spawned
+    woken = re.findall(r"^procsv: promoted the standby trainer group's worker1 \(pid \d+ on node 1\) to attempt (\d)$", out, re.M)
+    assert woken == ["2", "3", "4"], out  # (by node 1's agent)
+    assert re.search(r"^procsv: the standby group's member standby1 attempt 5 \(pid \d+\) was killed by SIGKILL: "
+                     r"HostLost: node 1 ", err, re.M), err  # (with its host; node 0's killed with it: STANDBY_LOST)
     assert counts == [1, 1, 1]
     restored = events(logdir, "restored")
     assert len(restored) == 4, restored

@@ -359,6 +359,55 @@ def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(s
         agent.disk.close()
 
 
+def test_an_agent_starts_its_share_of_a_standby_group_and_promotes_each_member_node_0_names(short_tmp) -> None:
+    """Issue 70: a StartMembers with ``standby`` starts the host's members of a standby group (slots ``standby<R>``,
+    forked as standbys, writing the next attempt's ``worker<R>`` log; asked again, started once); a PromoteMember
+    re-keys the member as ``worker<R>``, writes its Promotion where the member reads it and wakes it with SIGUSR1
+    from the agent (a real child here, waiting for that signal); a member gone is not promoted."""
+    import signal
+    import subprocess
+    import sys
+
+    from procsv.common.layout import promotion_file
+    from procsv.ipc.codec import decode
+    from procsv.ipc.messages import PromoteMember, Promotion, StartMembers
+    from procsv.watchdog.children import ChildProcess
+    from procsv.watchdog.multihost.standbys import promote
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    asked: list[tuple[str, int, str, str, str]] = []
+    agent._started = lambda dealer, pending, proc: asked.append(  # type: ignore
+        (pending.slot, pending.attempt, pending.role, os.path.basename(pending.log_path), pending.env["PROCSV_STANDBY"]))
+    agent.runtime = short_tmp
+    waiting = subprocess.Popen([sys.executable, "-c", "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, "
+                                "[signal.SIGUSR1]); print('waiting', flush=True); signal.sigwait([signal.SIGUSR1]); "
+                                "print('woken', flush=True)"], stdout=subprocess.PIPE, text=True)
+    try:
+        start = StartMembers(3, [1], ["a:1", "b:1"], {"PROCSV_STANDBY": "1"}, standby=True)
+        agent._start(None, start)  # type: ignore[arg-type]
+        agent._start(None, start)  # type: ignore[arg-type]
+        assert asked == [("standby1", 3, "standby", "worker1.3.log", "1")]
+        assert waiting.stdout is not None and waiting.stdout.readline() == "waiting\n"
+        members = {"standby1.3": ChildProcess("standby1", "worker1", 3, waiting, "worker1.3.log")}  # type: ignore[arg-type]
+        assert promote(members, short_tmp, PromoteMember("standby1", 3, [70], 71, 0))
+        assert list(members) == ["worker1.3"] and members["worker1.3"].slot == "worker1"
+        assert waiting.stdout.readline() == "woken\n" and waiting.wait(10) == 0
+        with open(promotion_file(short_tmp, 3, 1), "rb") as fh:
+            assert decode([fh.read()], accept={Promotion})[0] == Promotion(3, [70], 71, 0)
+        assert not promote(members, short_tmp, PromoteMember("standby1", 3, [], None, None))  # re-keyed: no such member
+        members["standby1.4"] = members.pop("worker1.3")  # (a member that ended before its promotion)
+        assert not promote(members, short_tmp, PromoteMember("standby1", 4, [], None, None))
+        assert not os.path.exists(promotion_file(short_tmp, 4, 1))
+    finally:
+        if waiting.poll() is None:
+            waiting.send_signal(signal.SIGKILL)
+            waiting.wait()
+        agent.disk.close()
+
+
 def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_while_it_is_waited_for(short_tmp) -> None:
     """``NodeLink.send`` says False when the node's route is not connected or its queue is full: the start
     did not go out. Before, nobody looked (the members stayed pending, the view forking, for ever while the
@@ -372,7 +421,8 @@ def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_whil
         def __init__(self) -> None:
             self.up, self.sent, self.tried = False, [], 0
 
-        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
+        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str],
+                  standby: bool = False) -> bool:
             self.tried += 1
             if self.up:
                 self.sent.append((node, attempt, ranks))
@@ -452,7 +502,8 @@ def test_a_member_started_already_is_said_started_again_when_asked_again_and_nod
         def __init__(self) -> None:
             self.signals: list[Any] = []
 
-        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
+        def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str],
+                  standby: bool = False) -> bool:
             return True
 
         def signal(self, node: int, slot: str, attempt: int, sig: int, kill: bool = False) -> bool:

@@ -14,7 +14,7 @@ from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.rules.group import blame, members, restarts_after
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.limits import Limits
-from procsv.watchdog.rules.state import SERVER, SUMMARY, TRAINER, WORKER, RunView
+from procsv.watchdog.rules.state import SERVER, STANDBY, SUMMARY, TRAINER, WORKER, RunView
 
 
 def signal_reports(view: RunView, action: Signal, limits: Limits, now: float) -> list[Report]:
@@ -209,7 +209,8 @@ def standby_gone_reports(view: RunView, action: StandbyGone, now: float) -> list
     if action.no_shadow:
         return [Report(say=f"procsv: standby group member {child.slot} could not run the step on shadows (its log says "
                            "why): replacing the group; the run's next standby groups skip the shadow run", err=True)]
-    if action.failed:
-        return [Report(say=f"procsv: the standby trainer {child.headline().split(' ', 1)[-1]}; "
-                           f"preparing another in {view.standby_after - now:.0f} s", err=True)]
+    if action.failed:  # (a standby group's member other than the chief's is named by its slot: standby1, on its host)
+        who = f"the standby trainer {child.headline().split(' ', 1)[-1]}" if child.slot == STANDBY else \
+            f"the standby group's member {child.headline()}"
+        return [Report(say=f"procsv: {who}; preparing another in {view.standby_after - now:.0f} s", err=True)]
     return []

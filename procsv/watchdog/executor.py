@@ -209,36 +209,49 @@ class Executor(Prewarmed):
     # ------------------------------------------------------------------ starting processes
     def _spawn_standby(self) -> None:
         """Ask the zygote for a hot standby, prepared to become the trainer's next attempt; with
-        ``--nproc N`` a standby group of N, on the next group's ``TF_CONFIG`` (ports of its own)."""
+        ``--nproc N`` a standby group of N, on the next group's ``TF_CONFIG`` (ports of its own); with
+        ``--nnodes M`` over the current group's hosts, each other host's share asked of its agent."""
         attempt, free = self.view.children[TRAINER].attempt + 1, psutil.virtual_memory().available
-        extras = self._group(attempt)[2] if self.limits.world > 1 else [{}]
+        hosts = (self.view.group_nodes or tuple(range(self.limits.nnodes))) if self.remote is not None else (0,)
+        cluster, common, extras = self._group(attempt, hosts) if self.limits.world > 1 else ([], {}, [{}])
         alike = {STANDBY_ENV: "1", SHADOW_MEMORY: str(free), **({} if self.view.shadow_runs else {SHADOW_RUN: "0"})}
         for rank, extra in enumerate(extras):  # (alike: the members' shadow runs decided alike, warmup.py)
             if self.zygote is None or not self.zygote.ready:
                 return  # (members asked already: their answers fail with it, poll_fork)
             self._spawn_member(standby.slot(rank), STANDBY, attempt, rank, {**extra, **alike})
+        if self.remote is not None:  # (every host's members alike: one memory figure, node 0's)
+            self.remote.start(attempt, cluster, {**common, GROUP_REMOTE: "1", **alike}, hosts, standby=True)
 
     def _promote(self, action: Promote) -> None:
         """Wake the standby (SIGUSR1): it becomes the trainer's next attempt and restores (a standby
-        group's member R: the next attempt's worker R; the decision promotes every member in turn)."""
+        group's member R: the next attempt's worker R; the decision promotes every member in turn; one on
+        another host is woken by its agent, :mod:`procsv.watchdog.multihost.standbys`)."""
         rank = rank_of(action.slot)
         slot = TRAINER if rank == 0 else worker_slot(rank)
-        handle = self.handles.pop((action.slot, action.attempt))
-        handle.slot = slot
-        self.handles[(slot, action.attempt)] = handle
-        handle.unidle()  # woken at normal CPU priority
         # what it would find in its environment if spawned now, decided after its fork: read at its wake-up
         told = self.resume()
-        promotion = Promotion(action.attempt, list(told.skip_steps), told.rollback_before, told.launch_start_step)
-        # (not durable: read by a live process; the rename makes it whole, tmpfs or not)
-        atomic_write(promotion_file(self.runtime.path, action.attempt, rank), encode(promotion)[0], durable=False)
-        handle.send_signal(signal.SIGUSR1)
+        handle = self.handles.pop((action.slot, action.attempt), None)
+        if handle is None:  # another host's member (Promote only names members alive: rule 10)
+            child = self.view.children[action.slot]
+            assert self.remote is not None and child.node != 0
+            pid, node = child.pid, child.node
+            self.remote.promote(child.node, action.slot, action.attempt, told)
+        else:
+            handle.slot = slot
+            self.handles[(slot, action.attempt)] = handle
+            handle.unidle()  # woken at normal CPU priority
+            promotion = Promotion(action.attempt, list(told.skip_steps), told.rollback_before, told.launch_start_step)
+            # (not durable: read by a live process; the rename makes it whole, tmpfs or not)
+            atomic_write(promotion_file(self.runtime.path, action.attempt, rank), encode(promotion)[0], durable=False)
+            handle.send_signal(signal.SIGUSR1)
+            pid, node = handle.pid, 0
         note(self.view, action, self.clock(), self.limits)
         name = "trainer" if rank == 0 else f"trainer group's {slot}"
-        say = f"procsv: promoted the standby {name} (pid {handle.pid}) to attempt {action.attempt}"
+        say = f"procsv: promoted the standby {name} (pid {pid}{f' on node {node}' if node else ''}) to attempt {action.attempt}"
         self.report(([Report(Event.RESTARTED, {"attempt": action.attempt})] if rank == 0 else [])
-                    + [Report(Event.SPAWNED, {"role": slot, "attempt": action.attempt, "pid": handle.pid,
-                                              "via": "standby"}, say=say)])
+                    + [Report(Event.SPAWNED, {"role": slot, "attempt": action.attempt, "pid": pid,
+                                              "via": "standby"},
+                              say=say)])
 
     def _env(self, role: str, attempt: int) -> dict[str, str]:
         """The environment of ``role``'s attempt ``attempt`` (its coordinates and the launch's settings)."""

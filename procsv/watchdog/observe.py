@@ -74,7 +74,8 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     if isinstance(msg, (SpikeDetected, SpikeReplayed)):
         return _spike(view, msg, slot)
     if isinstance(msg, StandbyReady):
-        sb = next((c for c in view.children.values() if c.role == STANDBY and c.pid == msg.pid), None)
+        sb = next((c for c in view.children.values() if c.role == STANDBY and c.pid == msg.pid
+                   and (slot is None or c.slot == slot)), None)  # (another host's: relayed by its agent)
         if sb is None or sb.standby_ready_at is not None:
             return []
         sb.standby_ready_at = now

@@ -8,7 +8,8 @@ there), says which node it is and where its next members will listen (:class:`No
 every 0.1 s; it names the agent's probe port, :class:`~.probes.ProbePort`, whose handshakes its host's kernel
 answers for it while it is stopped or starved: rule 12 tells a slow agent from a silent host by them),
 starts the members it is asked for (:class:`StartMembers`: trainer processes with their ``TF_CONFIG``, forked
-from this host's own pre-warmed trainer when it is ready), signals them when told (:class:`SignalMember`;
+from this host's own pre-warmed trainer when it is ready; with ``standby``, its share of a standby group, which it
+promotes when told, :class:`PromoteMember`, :mod:`.standbys`), signals them when told (:class:`SignalMember`;
 through each member's pidfd, never by pid: once reaped, its pid may name another process; every member, one
 forked by the pre-warmed trainer too, is the agent's own child, reaped by the agent; what a member leaves
 behind is re-parented to the agent, a child subreaper, and killed and reaped by the watchdog's own sweep,
@@ -64,8 +65,8 @@ from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, NodeHello, NodeRefused,
-                                 NodeStop, ProcessStacks, Progress, Relayed, SignalMember, StacksAsked, StacksTaken,
-                                 StartMembers)
+                                 NodeStop, ProcessStacks, Progress, PromoteMember, Relayed, SignalMember, StacksAsked,
+                                 StacksTaken, StartMembers)
 from procsv.ipc.transport import Endpoints, bind_private, drain, make_socket, send
 from procsv.common import curve, faults
 from procsv.watchdog.multihost import agentstop
@@ -76,7 +77,9 @@ from procsv.watchdog.housekeeping import Sweeper
 from procsv.watchdog.publish.events import Report
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
-from procsv.watchdog.rules.state import WORKER
+from procsv.watchdog.rules.standby import slot as standby_slot
+from procsv.watchdog.rules.state import STANDBY, WORKER
+from procsv.watchdog.multihost.standbys import promote
 from procsv.ipc.stack_messages import fitted
 from procsv.watchdog.stacks.capture import LOOK_EVERY, Readings, activity
 from procsv.watchdog.logrotate import rotate
@@ -92,7 +95,7 @@ TICK = 0.05
 HOLDER_WAIT_SECS = 5.0  # a relaunched master: node 1 joins once its holder handed its copies back, or this long after
 REJOIN_LOOK_SECS = 1.0  # a master found lost: the agent reads the launch's job file this often (a relaunch's new keys)
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
-MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, SignalMember, StacksAsked, NodeStop, NodeRefused})
+MASTER_ACCEPT = frozenset({MasterBeat, StartMembers, PromoteMember, SignalMember, StacksAsked, NodeStop, NodeRefused})
 MEMBER_ACCEPT = RELAYABLE  # what its members report (as to a watchdog), all relayed to node 0
 
 
@@ -393,6 +396,8 @@ class NodeAgent(Prewarmed):
             self.refused_at = None
             if isinstance(msg, StartMembers):
                 self._start(dealer, msg)
+            elif isinstance(msg, PromoteMember):
+                promote(self.members, self.runtime, msg)
             elif isinstance(msg, SignalMember):
                 m = self.members.get(f"{msg.slot}.{msg.attempt}")
                 if m is not None and m.proc.poll() is None:
@@ -411,8 +416,9 @@ class NodeAgent(Prewarmed):
         """A look at each live member from ``/proc``, at most every :data:`LOOK_EVERY` seconds, sent to node 0
         (:class:`MemberLooked`): the stuck rule's samples of this host's members, as node 0's watchdog takes
         of its own (before, none: a group over hosts was left to ``--hang-timeout``, its local members too)."""
-        for m in self.members.values():
-            if m.proc.poll() is not None or (m.look is not None and now - m.look.at < LOOK_EVERY):
+        for m in self.members.values():  # (not a standby group's member waiting: node 0 looks at none of its own)
+            if m.proc.poll() is not None or m.slot.startswith(STANDBY) or \
+                    (m.look is not None and now - m.look.at < LOOK_EVERY):
                 continue
             if (a := activity(m.pid, now, m.look)) is not None:
                 m.look = a
@@ -445,22 +451,25 @@ class NodeAgent(Prewarmed):
         """Start the members asked for: forked from the pre-warmed trainer when it is ready, else fresh. A
         member asked for again is not started again (node 0 asks again down a new connection while it has
         not heard of the start: the first request may have reached this agent all the same); one running is
-        said started again, since its first MemberStarted may be what went down a dead connection."""
-        ranks = [r for r in msg.ranks if f"{worker_slot(r)}.{msg.attempt}" not in self.asked]
+        said started again, since its first MemberStarted may be what went down a dead connection. A standby
+        group's members (``msg.standby``) are slots ``standby<R>`` writing the next attempt's ``worker<R>`` log."""
+        slot_of = standby_slot if msg.standby else worker_slot
+        ranks = [r for r in msg.ranks if f"{slot_of(r)}.{msg.attempt}" not in self.asked]
         for rank in [r for r in msg.ranks if r not in ranks]:  # asked again: its MemberStarted may be lost
-            m = self.members.get(f"{worker_slot(rank)}.{msg.attempt}")
+            m = self.members.get(f"{slot_of(rank)}.{msg.attempt}")
             if m is not None:
                 send(dealer, MemberStarted(m.slot, m.attempt, m.pid))  # (node 0 takes a repeat as known)
         if not ranks:
             return
         for rank in ranks:
-            slot = worker_slot(rank)
+            slot, name = slot_of(rank), worker_slot(rank)
             self.asked[f"{slot}.{msg.attempt}"] = False
-            env = spawn.child_env(role=slot, attempt=msg.attempt, logdir=self.layout.logdir,
+            env = spawn.child_env(role=name, attempt=msg.attempt, logdir=self.layout.logdir,
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
             env.update({"TF_CONFIG": msg.env.get("TF_CONFIG") or make_tf_config(msg.cluster, rank), RANK: str(rank)})
-            pending = PendingFork(slot, msg.attempt, env, self.layout.attempt_log(slot, msg.attempt), None, WORKER, rank)
+            pending = PendingFork(slot, msg.attempt, env, self.layout.attempt_log(name, msg.attempt), None,
+                                  STANDBY if msg.standby else WORKER, rank)
             if not self.ask_zygote(pending, self.cfg.target, self.cfg.args, self.cfg.cwd):
                 self._started(dealer, pending, None)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # the next group's
@@ -476,12 +485,14 @@ class NodeAgent(Prewarmed):
         proc = proc or spawn.spawn(spawn.trainer_argv(self.cfg.target, self.cfg.args), pending.env, pending.log_path,
                                    cwd=self.cfg.cwd)
         # its own unreaped child (a zombie if it died at once): its pidfd opens
-        self.members[f"{slot}.{attempt}"] = ChildProcess(slot, slot, attempt, proc, pending.log_path)
+        self.members[f"{slot}.{attempt}"] = ChildProcess(slot, worker_slot(pending.rank), attempt, proc,
+                                                         pending.log_path)
         send(dealer, MemberStarted(slot, attempt, proc.pid))
         # this host's members are the only writers of their per-attempt logs: rotate them here (off the loop)
+        name = worker_slot(pending.rank)  # (a standby group's member writes the next attempt's worker log)
         logs, keep, live = self.layout.logs, self.cfg.keep_logs, {m.attempt for m in self.members.values()
-                                                                    if m.slot == slot}
-        self.disk.submit(lambda: rotate(logs, slot, attempt, keep, live=live))
+                                                                    if m.role == name}
+        self.disk.submit(lambda: rotate(logs, name, attempt, keep, live=live))
 
     def relay(self, pull: "zmq.Socket[Any]", dealer: "zmq.Socket[Any]") -> None:
         """Relay to node 0 what this host's members reported (:data:`MEMBER_ACCEPT`), each as they sent

@@ -24,7 +24,7 @@ import zmq
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, Message, NodeHello, NodeRefused,
-                                 NodeStop, Relayed, SignalMember, StacksTaken, StartMembers)
+                                 NodeStop, PromoteMember, Relayed, SignalMember, StacksTaken, StartMembers)
 from procsv.ipc.transport import ReceiveTimeout, make_socket, recv, send
 from procsv.common import curve
 from procsv.watchdog import observe
@@ -155,8 +155,12 @@ class NodeLink:
         except zmq.ZMQError:  # EHOSTUNREACH: not connected (ROUTER_MANDATORY)
             return False
 
-    def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str]) -> bool:
-        return self.send(node, StartMembers(attempt, ranks, cluster, env))
+    def start(self, node: int, attempt: int, ranks: list[int], cluster: list[str], env: dict[str, str],
+              standby: bool = False) -> bool:
+        return self.send(node, StartMembers(attempt, ranks, cluster, env, standby))
+
+    def promote(self, node: int, msg: PromoteMember) -> bool:
+        return self.send(node, msg)
 
     def signal(self, node: int, slot: str, attempt: int, sig: int, kill: bool = False) -> bool:
         return self.send(node, SignalMember(slot, attempt, sig, kill))

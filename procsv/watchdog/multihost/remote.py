@@ -22,7 +22,9 @@ from collections import deque
 from typing import Callable, Optional
 
 from procsv.common import curve
+from procsv.common.bootstrap import Resume
 from procsv.common.layout import Layout
+from procsv.ipc.messages import PromoteMember
 from procsv.watchdog import observe
 from procsv.watchdog.children import read_child_error
 from procsv.watchdog.diskjobs import DiskJobs, Job
@@ -34,7 +36,13 @@ from procsv.watchdog.rules.membership import ranks_of
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.stackasks import StackAsks
 from procsv.watchdog.publish.events import Report
-from procsv.watchdog.rules.state import WORKER, RunView
+from procsv.watchdog.rules.standby import slot as standby_slot
+from procsv.watchdog.rules.state import STANDBY, WORKER, RunView
+
+
+def files_of(slot: str) -> str:
+    """The name of a remote member's log and error file: its slot's, a standby group's member's its worker's."""
+    return worker_slot(rank_of(slot)) if slot.startswith(STANDBY) else slot
 
 
 class RemoteMembers:
@@ -59,17 +67,29 @@ class RemoteMembers:
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
 
-    def start(self, attempt: int, cluster: list[str], env: dict[str, str], nodes: tuple[int, ...]) -> None:
+    def start(self, attempt: int, cluster: list[str], env: dict[str, str], nodes: tuple[int, ...],
+              standby: bool = False) -> None:
         """Ask every other host of ``nodes`` (the group's hosts, node 0 first) for its tasks of the group's
-        ``attempt``: the host at place P of ``nodes`` runs P*N .. P*N+N-1 (:func:`membership.ranks_of`)."""
+        ``attempt``: the host at place P of ``nodes`` runs P*N .. P*N+N-1 (:func:`membership.ranks_of`).
+        ``standby``: its members of a standby group prepared to become ``attempt`` (slots ``standby<R>``)."""
         job, layout = self.link.job, self.layout
-        self.reader.submit(lambda: curve.unfile_members(layout, job, before=attempt))  # every earlier attempt is over
+        if not standby:  # (a standby group is prepared while the attempt before it runs)
+            self.reader.submit(lambda: curve.unfile_members(layout, job, before=attempt))  # every earlier one is over
+        slot_of = standby_slot if standby else worker_slot
         for node in nodes[1:]:
             ranks = ranks_of(nodes, node, self.nproc)
             for rank in ranks:
-                self.pending[worker_slot(rank)] = attempt, node
-            self._ask(node, attempt, tuple(worker_slot(r) for r in ranks), ranks, cluster, env)
+                self.pending[slot_of(rank)] = attempt, node
+            self._ask(node, attempt, tuple(slot_of(r) for r in ranks), ranks, cluster, env, standby)
         self._forget_answered()
+
+    def promote(self, node: int, slot: str, attempt: int, told: Resume) -> None:
+        """Ask host ``node``'s agent to promote its standby group member ``slot`` to the ``attempt``'s worker
+        (:mod:`procsv.watchdog.multihost.standbys`), with what a member spawned now would be ``told``."""
+        msg = PromoteMember(slot, attempt, list(told.skip_steps), told.rollback_before, told.launch_start_step)
+        if not self.link.promote(node, msg):  # (not connected: its host is found lost, or the member dies unwoken)
+            self.report([Report(say=f"procsv: could not send node {node}'s agent the promotion of {slot} "
+                                    f"(attempt {attempt}): not connected")])
 
     def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
@@ -79,9 +99,9 @@ class RemoteMembers:
         self._forget_answered()
 
     def _ask(self, node: int, attempt: int, slots: tuple[str, ...], ranks: list[int], cluster: list[str],
-             env: dict[str, str]) -> None:
+             env: dict[str, str], standby: bool = False) -> None:
         key = node, attempt, slots
-        sent = self.link.start(node, attempt, ranks, cluster, env)
+        sent = self.link.start(node, attempt, ranks, cluster, env, standby)
         if not sent and (key not in self.asked or self.asked[key][3]):  # (said once, not at each try)
             self.report([Report(say=f"procsv: could not send node {node}'s agent its start of {', '.join(slots)} "
                                     f"(attempt {attempt}): not connected; asking again as it says hello")])
@@ -100,7 +120,7 @@ class RemoteMembers:
                 self.report([Report(say=f"procsv: node {node}'s agent is on another connection while its start of "
                                         f"{', '.join(slots)} (attempt {attempt}) is not answered; asking again")])
             if node in nodes or not sent:
-                self._ask(node, attempt, slots, ranks, cluster, env)
+                self._ask(node, attempt, slots, ranks, cluster, env, slots[0].startswith(STANDBY))
 
     def _forget_answered(self) -> None:
         """Forget the starts none of whose members is still pending (started, ended, or its host lost)."""
@@ -116,7 +136,8 @@ class RemoteMembers:
         for slot, (attempt, on) in list(self.pending.items()):
             if on == node:
                 del self.pending[slot]
-                observe.spawned(self.view, slot, WORKER, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
+                role = STANDBY if slot.startswith(STANDBY) else WORKER
+                observe.spawned(self.view, slot, role, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
                 self.view.children[slot].node = node
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
@@ -129,7 +150,8 @@ class RemoteMembers:
             self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
             return
         del self.pending[slot]
-        self.report(observe.spawned(self.view, slot, WORKER, attempt, pid, self.clock(), f"node{node}"))
+        role = STANDBY if slot.startswith(STANDBY) else WORKER  # (a standby group's member: standby<R>)
+        self.report(observe.spawned(self.view, slot, role, attempt, pid, self.clock(), f"node{node}"))
         self.view.children[slot].node = node  # the view stays "forking" until the last one (Executor.poll_fork)
 
     def ended(self, slot: str, attempt: int, pid: int, code: int, wall: float, signalled: bool = True) -> None:
@@ -140,10 +162,13 @@ class RemoteMembers:
         key_job, layout, rank = self.link.job, self.layout, rank_of(slot)
         self.reader.submit(lambda: curve.unfile_members(layout, key_job, before=0, rank=rank, attempt=attempt))
         child = self.view.children.get(slot)
+        if slot.startswith(STANDBY) and (child is None or child.pid != pid):  # promoted meanwhile: its worker's end
+            slot = worker_slot(rank)
+            child = self.view.children.get(slot)
         if child is None or child.attempt != attempt or child.pid != pid:
             return
         observe.end_came(self.view, slot, attempt, self.clock())
-        path = self.layout.error_file(slot, attempt)
+        path = self.layout.error_file(files_of(slot), attempt)
         job = self.reader.submit(lambda: read_child_error((path,), pid))
         self._ends.append((slot, attempt, pid, code, wall, signalled, job, self.clock() + READ_WAIT))
 
@@ -158,7 +183,8 @@ class RemoteMembers:
             settled = True
             self._ends.popleft()
             unread = "" if job.done else UNREAD
-            failure = Failure(slot, attempt, pid, code, wall, self.layout.attempt_log(slot, attempt), job.result,
+            log = self.layout.attempt_log(files_of(slot), attempt)
+            failure = Failure(slot, attempt, pid, code, wall, log, job.result,
                               unread=unread, signalled=signalled)
             self.report(observe.reaped(self.view, slot, attempt, failure, self.clock()) + breaker_found(self.view))
         return settled

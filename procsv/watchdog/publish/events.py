@@ -10,7 +10,7 @@ event                  fields
 =====================  ==========================================================================
 launch                 target, args, pid (the watchdog's), launch (its number per logdir, from 1)
                        (its time: when the watchdog process started; it is written once the logdir is locked)
-spawned                role, attempt, pid, via (``fresh``, ``zygote``, or ``node<R>``: another host's agent)
+spawned                role, attempt, pid, via (``fresh``, ``zygote``, ``standby``, or ``node<R>``: another host's agent)
 zygote_ready           pid, import_secs
 zygote_gone            pid
 initialized            pid, step, path (null), secs, skipped (corrupt checkpoints passed over), prepared_at, warm_secs, source (null)

@@ -68,7 +68,9 @@ Rules, in the order they are considered:
    that attempt, else kills it and forks. A standby that ends is settled by rule 1
    (``StandbyGone``: counted, with backoff, unless the watchdog ended it). With ``--nproc N`` on
    one host it is a standby group of N, promoted only whole, ready or still preparing (ahead of a
-   fork either way); a member that ends takes the rest of it along.
+   fork either way); a member that ends takes the rest of it along. With ``--nnodes M --standby hot``
+   it is a standby group over the current group's hosts (each other host's members started and woken by
+   its agent), promoted only if every member sits on its task's host of the next group.
 11. **Groups** (:mod:`procsv.watchdog.rules.group`, ``--nproc N``): the first member of a trainer
    group whose end breaks it (the chief's end; a worker's death or non-zero exit) is what the
    chief's attempt is judged by (rule 1); the other members get SIGTERM, SIGKILL after
@@ -149,8 +151,8 @@ def decide(view: RunView, now: float, limits: Limits, draw: float) -> list[Actio
         return actions + _shutdown(view, now, limits)
     actions += _stop(view, now, limits)
     actions += membership.take_back(view, now, limits)
-    actions += group_actions(view, now, limits.group_grace_secs, at_once=standby.promotable(view, limits.nproc),
-                             wait=limits.stop_grace_secs)
+    actions += group_actions(view, now, limits.group_grace_secs, wait=limits.stop_grace_secs,
+                             at_once=_standby_whole(view, limits, view.group_nodes or tuple(range(limits.nnodes))))
     actions += standby.broken(view)
     actions += _restart_due(view, now, limits)
     actions += tasks.due_starts(view, now, limits)
@@ -215,12 +217,19 @@ def _restart_due(view: RunView, now: float, limits: Limits) -> list[Action]:
         return []  # rule 14: --ps, the last chief still holds its port; --coordinator, a ps is not back
     if view.forking:
         return []  # a standby asked of the zygote: wait for its answer (milliseconds), then decide
-    if standby.promotable(view, limits.nproc, ready=limits.nproc < 2):  # (a standby group: all its members
-        # together, chief first; ready or still preparing: ahead of a fork either way)
-        return [Promote(sb.slot, sb.attempt) for sb in standby.members(view)]
-    # not ready yet (kills in a row, a member of a standby group lost): fork instead
     hosts = (nodes or tuple(range(limits.nnodes))) if limits.nnodes > 1 and not limits.ps else ()
+    if _standby_whole(view, limits, hosts, ready=limits.world < 2):  # (a standby group: all its members together,
+        # every host's, chief first; ready or still preparing: ahead of a fork either way)
+        return [Promote(sb.slot, sb.attempt) for sb in standby.members(view)]
+    # not ready yet (kills in a row, a member of a standby group lost, its hosts not the next group's): fork instead
     return standby.unready(view) + [Spawn(TRAINER, TRAINER, hosts)]
+
+
+def _standby_whole(view: RunView, limits: Limits, hosts: tuple[int, ...], ready: bool = True) -> bool:
+    """Rule 10: the standby (group) can become the next attempt over ``hosts`` (node 0 first; with ``--nnodes``
+    a standby group over them, ``--nproc`` members on each)."""
+    hosts = hosts if limits.nnodes > 1 and not limits.ps and hosts else (0,)
+    return standby.promotable(view, limits.nproc * len(hosts), ready, hosts)
 
 
 def zygote_retry_delay(losses: int, limits: Limits) -> float:

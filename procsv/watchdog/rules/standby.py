@@ -26,6 +26,17 @@ checkpoint (the in-memory snapshot the checkpoint service just persisted) and tr
   trainer's resident size plus 1 GiB (:func:`memory_allows`), measured once at the first
   trainer's first step (a group's: the chief's size times ``--nproc``).
 
+**The standby group over hosts** (``--nnodes M --standby hot``, issue 70): the standby group is prepared over
+the current group's hosts (``RunView.group_nodes``), ``--nproc`` members on each, each other host's members
+(``standby<R>``) started by its agent from its own pre-warmed trainer and promoted by it (node 0 asks:
+:mod:`procsv.watchdog.multihost.standbys`); the rules below hold for it as on one host, and it is promotable
+only if every member sits on its task's host of the next group (:func:`promotable`'s ``nodes``). A host lost
+with a standby group prepared takes the group along: its members there end with the host (``NodeLost``),
+:func:`broken` kills the rest, and the restart forks over the hosts left (an elastic group's smaller group,
+or every host once the lost one is back); the next standby group is prepared over the new group's hosts once
+it stepped, after the backoff (the loss counts as a standby's end). ``--standby auto`` stays ``fork`` with
+``--nnodes`` (the memory rule measures node 0's host only).
+
 **The standby group** (``--nproc N`` on one host): the standby is N processes, slots ``standby``
 (task 0) and ``standby<R>``, forked together with the *next* group attempt's ``TF_CONFIG`` (ports
 of their own), so they bring their strategy up among themselves, build the model, trace the step
@@ -102,14 +113,18 @@ def may_prepare(view: RunView, now: float) -> bool:
     return view.standby_failures < GIVE_UP_AFTER and now >= view.standby_after
 
 
-def promotable(view: RunView, size: int, ready: bool = True) -> bool:
+def promotable(view: RunView, size: int, ready: bool = True, nodes: tuple[int, ...] = (0,)) -> bool:
     """The standby (all ``size`` members of a standby group) can become the next attempt: every member live,
-    not being killed, forked for that attempt, and (``ready``) every member said ready."""
+    not being killed, forked for that attempt, and (``ready``) every member said ready. Over hosts (``nodes``,
+    the next group's, node 0 first, ``size // len(nodes)`` members each) every member is on its task's host:
+    a standby group prepared over other hosts than the next group's (an elastic group's change) is not."""
     trainer = view.children.get(TRAINER)
     sbs = members(view)
+    each = max(1, size // max(1, len(nodes)))
     return (trainer is not None and len(sbs) == size and sorted(group.rank_of(c.slot) for c in sbs) == list(range(size))
             and all(c.live and not c.killed and (c.standby_ready_at is not None or not ready)
-                    and c.attempt == trainer.attempt + 1 for c in sbs))
+                    and c.attempt == trainer.attempt + 1 and c.node == nodes[group.rank_of(c.slot) // each]
+                    for c in sbs))
 
 
 def broken(view: RunView) -> list[Action]:
