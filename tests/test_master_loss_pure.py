@@ -244,3 +244,16 @@ def test_an_agent_says_its_live_members_started_again_once_on_each_new_connectio
     live = [("worker1", 3, 4242), ("worker2", 3, 4243)]
     assert started_again(live, 4, 3) == [MemberStarted("worker1", 3, 4242), MemberStarted("worker2", 3, 4243)]
     assert started_again(live, 4, 4) == [] and started_again([], 5, 4) == []
+
+
+def test_the_agent_says_node_0_is_lost_whether_its_trainers_run_or_not() -> None:
+    """Once the agent finds node 0 lost it says so in every case: stopping its live trainers, or that none was running.
+    Before, only with a live trainer: under a one-way cut of node 1's packets to node 0 (node 0's still passing),
+    TensorFlow ended worker1 ("Socket closed": node 0's chief, killed once node 0 found node 1 lost) before the
+    agent's finding, and node 1's output never said node 0 was lost."""
+    from procsv.watchdog.multihost.agent import lost_line
+
+    why = "no heartbeat from node 0 for 0.45 s and no handshake from node 0's address for 0.20 s"
+    assert lost_line(why, True) == f"node 0 is lost ({why}): stopping this host's trainers (a stale group)"
+    assert lost_line(why, False) == \
+        f"node 0 is lost ({why}): no trainer of this host is running (a trainer's end is in its log)"
