@@ -226,6 +226,12 @@ def second_host() -> Any:
     """A second "host": a network namespace with its own address on a veth bridge (root only)."""
     ip("netns", "del", NS)
     ip("link", "del", BRIDGE)
+    # the kernel tears a deleted namespace down later, its veth with it: an earlier run's left the new veth's name
+    # taken, every step below failed, and the agent found no route to node 0 ("Network is unreachable")
+    deadline = time.monotonic() + 60
+    while subprocess.run(["ip", "link", "show", VETH], capture_output=True).returncode == 0 and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
     for args in (("link", "add", BRIDGE, "type", "bridge"), ("addr", "add", f"{NET}.1/24", "dev", BRIDGE),
                  ("link", "set", BRIDGE, "up"), ("netns", "add", NS),
                  ("link", "add", VETH, "type", "veth", "peer", "name", VETH + "p"),

@@ -55,6 +55,19 @@ filesystem stall).
   masterloss_load=<1-min load>``; exits 1 if a run fails, node 1's members stay in the stale group past 0.5 s
   (median), or a relaunched group restores from anything but node 1's replica.
 
+- **Link blips and one-way cuts** (``--only blip``, alone: its own table and line), ``--repeats`` runs, this checkout
+  and ``--baseline DIR`` (a checkout of the code before: both launches run its ``procsv``) interleaved: the sleeper
+  job's silent host (as in ``detect``); ``--blip-count`` blips of each ``--blips`` length (every frame between the
+  hosts dropped both ways by a ``blackhole`` qdisc on each veth end, then passing: no carrier lost, no neighbour entry
+  flushed), counting node 0's ``node_lost`` records, the agent's findings of node 0 lost and the hosts never taken
+  back within 20 s; and a one-way cut each way (node 1's frames to node 0 dropped as they leave it, or node 0's to
+  node 1 at the bridge's port): the cut -> node 0's ``node_lost`` and -> the agent's line finding node 0 lost. One line
+  ``blip_detect_secs=<median> blip_detect_base_secs=<median> blip_<L>_losses=<n>/<blips> blip_<L>_losses_base=<n>/<blips>
+  ... blip_stuck=<n> blip_stuck_base=<n> oneway_10_node0_secs=<median> oneway_10_agent_secs=<median>
+  oneway_01_node0_secs=<median> oneway_01_agent_secs=<median> blip_load=<1-min load>``; exits 1 if this checkout's
+  silent host is found past 0.5 s (median), a one-way cut is not found by either side within 10 s, a blip of 0.2 s or
+  less costs a loss, or a host lost in a blip is never taken back.
+
 Prints each run, a table (medians, min-max) with the load average, and one line
 ``hostloss_detect_secs=<median> hostloss_detect_timeout_secs=<median> hostloss_false_cpu=<n>
 hostloss_false_sigstop=<n> hostloss_false_fsstall=<n> hostloss_false_stop10=<n> hostloss_minutes=<m> hostloss_shrink_secs=<median>
@@ -115,7 +128,8 @@ def own_filesystem(root: str) -> Iterator[str]:
 class Job:
     """Node 0's launch and the second host's agent, of the sleeper, in ``logdir``."""
 
-    def __init__(self, root: str, logdir: str, agent_env: dict[str, str]) -> None:
+    def __init__(self, root: str, logdir: str, agent_env: dict[str, str], tree: str = "") -> None:
+        """``tree``: a checkout whose ``procsv`` both launches run (``--baseline``; "" for this one's)."""
         self.logdir = logdir
         target = os.path.join(root, "sleeper.py")
         with open(target, "w") as fh:
@@ -125,11 +139,13 @@ class Job:
                   "--nnodes", "2", "--master-addr", addr, "--node-timeout", "15", "--startup-timeout", "0",
                   "--hang-timeout", "0"]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if tree:  # (ahead of the installed one; run from root: `-m` puts the working directory first)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH", "")) if p)
         self.master = subprocess.Popen(common, stdout=subprocess.DEVNULL, stderr=open(logdir + ".err", "wb"),
-                                       env=env, start_new_session=True)
+                                       env=env, start_new_session=True, cwd=root)
         self.agent = subprocess.Popen(["ip", "netns", "exec", NS, *common, "--node-rank", "1"],
                                       stdout=subprocess.DEVNULL, stderr=open(logdir + ".agent.err", "wb"),
-                                      env={**env, **agent_env}, start_new_session=True)
+                                      env={**env, **agent_env}, start_new_session=True, cwd=root)
 
     def joined(self) -> float:
         """Wait for the agent to join; the wall time it did."""
@@ -169,9 +185,9 @@ def dropped() -> Iterator[float]:
         run("ip", "route", "del", "blackhole", f"{HOST1}/32")
 
 
-def detection(mnt: str, name: str, probes: bool) -> dict[str, Any]:
+def detection(mnt: str, name: str, probes: bool, tree: str = "") -> dict[str, Any]:
     """One silent host: seconds from the drop to ``node_lost``, and the record's silent_secs."""
-    job = Job(mnt, os.path.join(mnt, name), {} if probes else {"PROCSV_FAULT": "agent:no_probe_port"})
+    job = Job(mnt, os.path.join(mnt, name), {} if probes else {"PROCSV_FAULT": "agent:no_probe_port"}, tree)
     try:
         job.joined()
         time.sleep(BEATEN_SECS)
@@ -432,6 +448,176 @@ def heal(mnt: str, name: str, length: float, redial: bool) -> dict[str, Any]:
         job.end()
 
 
+AGENT_FOUND = "node 0 is lost ("  # the agent's line once it finds its master lost (the fast way)
+
+
+def _agent_found(job: Job, after: int) -> Optional[float]:
+    """The wall time the agent's output first showed :data:`AGENT_FOUND` past byte ``after``, polled; None if not yet."""
+    with contextlib.suppress(OSError), open(job.logdir + ".agent.err", errors="replace") as fh:
+        if AGENT_FOUND in fh.read()[after:]:
+            return time.time()
+    return None
+
+
+def _err_size(job: Job) -> int:
+    with contextlib.suppress(OSError):
+        return len(open(job.logdir + ".agent.err", errors="replace").read())
+    return 0
+
+
+@contextlib.contextmanager
+def one_way(way: str) -> Iterator[float]:
+    """Every frame one way dropped on the wire, the other way passing (a blackhole qdisc on the egress of the veth
+    end the frames leave by: each kernel takes them as sent, no error, no ICMP); ``way`` "1->0": the second host's
+    frames to node 0 (its own end, in its namespace), "0->1": node 0's to it (the bridge's port to it). Yields the
+    wall time it began."""
+    cmd = ["ip", "netns", "exec", NS, "tc"] if way == "1->0" else ["tc"]
+    dev = VETH + "p" if way == "1->0" else VETH
+    subprocess.run([*cmd, "qdisc", "add", "dev", dev, "root", "blackhole"], check=True)
+    try:
+        yield time.time()
+    finally:
+        subprocess.run([*cmd, "qdisc", "del", "dev", dev, "root"], check=True)
+
+
+def blips(mnt: str, name: str, length: float, count: int, tree: str) -> dict[str, Any]:
+    """One sleeper job: ``count`` blips of ``length`` s (every frame between the hosts dropped both ways, :func:`one_way`
+    each way at once, then passing), 3 s apart once the agent beats again; the ``node_lost`` records counted and the
+    agent's findings of node 0 lost (its line). A blip found a loss waits for the agent's hello (node_joined) before the
+    next. Not the bridge's port disabled, as ``heal``'s partitions: with its one port down the bridge loses its carrier
+    and node 0 its neighbour entry for the host, and a probe sent after the blip waits for the next ARP request, 1 s
+    after the first (``retrans_time_ms``): every blip of 0.15 s then cost a loss, a link flap's cost, not a blip's."""
+    job = Job(mnt, os.path.join(mnt, name), {}, tree)
+    losses = agent_losses = stuck = done = 0
+    try:
+        job.joined()
+        time.sleep(BEATEN_SECS)
+        for _ in range(count):
+            size, before = _err_size(job), len(job.losses())
+            with one_way("0->1") as at, one_way("1->0"):
+                time.sleep(max(0.0, at + length - time.time()))
+            time.sleep(1.5)
+            done += 1
+            agent_losses += _agent_found(job, size) is not None
+            if len(job.losses()) > before:
+                losses += 1
+                try:
+                    wait(lambda: find(events(job.logdir), "node_joined", after=at, node=1), STUCK_SECS, "node 1 back")
+                except BenchError:  # (its agent rode the blip out and kept the lost group's member: the job ends here)
+                    stuck += 1
+                    break
+            time.sleep(BEATEN_SECS)
+        return {"losses": losses, "agent_losses": agent_losses, "blips": done, "stuck": stuck}
+    finally:
+        job.end()
+
+
+STUCK_SECS = 20.0  # a host lost in a blip and not taken back within this: stuck (node 0 waits up to --rejoin-timeout)
+
+
+def cut_one_way(mnt: str, name: str, way: str, tree: str) -> dict[str, Any]:
+    """One sleeper job, a one-way cut ``way`` (:func:`one_way`) held until both sides found it: seconds from the cut
+    to node 0's ``node_lost`` and to the agent's line finding node 0 lost (None: not within 10 s)."""
+    job = Job(mnt, os.path.join(mnt, name), {}, tree)
+    try:
+        job.joined()
+        time.sleep(BEATEN_SECS)
+        size = _err_size(job)
+        with one_way(way) as at:
+            found: dict[str, Optional[float]] = {"node0": None, "agent": None}
+            end = time.time() + 10.0
+            while time.time() < end and None in found.values():
+                lost = next(iter(job.losses()), None)
+                if found["node0"] is None and lost is not None:
+                    found["node0"] = lost["time"] - at
+                if found["agent"] is None and (seen := _agent_found(job, size)) is not None:
+                    found["agent"] = seen - at
+                time.sleep(0.02)
+        return found
+    finally:
+        job.end()
+
+
+def blip_main(args: argparse.Namespace) -> int:
+    """``--only blip``: a silent host's detection, blips of each ``--blips`` length (``--blip-count`` each) and the two
+    one-way cuts, ``--repeats`` runs of each, this checkout's rule and ``--baseline``'s (a checkout of the code
+    before) interleaved; a table, one line, exit 1 if a check of this checkout's fails."""
+    lengths = [float(x) for x in args.blips.split(",") if x]
+    trees = {"now": "", **({"base": os.path.abspath(args.baseline)} if args.baseline else {})}
+    root = tempfile.mkdtemp(prefix="procsv-bench-blip-")
+    detect: dict[str, list[float]] = {k: [] for k in trees}
+    lost: dict[tuple[str, float], list[dict[str, Any]]] = {(k, n): [] for k in trees for n in lengths}
+    cuts: dict[tuple[str, str], list[dict[str, Any]]] = {(k, w): [] for k in trees for w in ("1->0", "0->1")}
+    failures: list[str] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, root, True)
+        mnt = stack.enter_context(own_filesystem(root))
+        stack.enter_context(second_host())
+        time.sleep(1.0)  # (the veth up: an agent started at once found its route unreachable)
+        for i in range(args.repeats):
+            for key in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+                tree = trees[key]
+                try:
+                    got = detection(mnt, f"bdetect{i}{key}", True, tree)
+                    detect[key].append(got["detect"])
+                    print(f"[{key}] silent host found after {got['detect']:.3f} s; load {os.getloadavg()[0]:.1f}",
+                          flush=True)
+                    for length in lengths:
+                        b = blips(mnt, f"blip{i}{key}{length:g}", length, args.blip_count, tree)
+                        lost[(key, length)].append(b)
+                        print(f"[{key}] blips of {length:g} s: {b}; load {os.getloadavg()[0]:.1f}", flush=True)
+                    for way in ("1->0", "0->1"):
+                        c = cut_one_way(mnt, f"oneway{i}{key}{way[0]}", way, tree)
+                        cuts[(key, way)].append(c)
+                        print(f"[{key}] one-way cut {way}: {c}; load {os.getloadavg()[0]:.1f}", flush=True)
+                except BenchError as exc:
+                    failures.append(f"[{key}] {exc}")
+    load = os.getloadavg()
+    keys = list(trees)
+    print()
+    print("| case | " + " | ".join("this checkout" if k == "now" else "baseline" for k in keys) + " |")
+    print("| --- |" + " --- |" * len(keys))
+    print("| silent host: drop -> node_lost | " + " | ".join(spread(detect[k]) for k in keys) + " |")
+    for length in lengths:
+        cells = [f"{sum(r['losses'] for r in lost[(k, length)])}/{sum(r['blips'] for r in lost[(k, length)])} "
+                 f"(agent: {sum(r['agent_losses'] for r in lost[(k, length)])}; never back: "
+                 f"{sum(r['stuck'] for r in lost[(k, length)])})" for k in keys]
+        print(f"| blip of {length:g} s: host losses (the agent's findings of node 0 lost; hosts never taken back) | "
+              + " | ".join(cells) + " |")
+    for way in ("1->0", "0->1"):
+        for side in ("node0", "agent"):
+            cells = [spread([c[side] for c in cuts[(k, way)] if c[side] is not None]) +
+                     f" ({sum(c[side] is None for c in cuts[(k, way)])} not found)" for k in keys]
+            print(f"| one-way cut {way}: cut -> {side} found it | " + " | ".join(cells) + " |")
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    med = (lambda xs: f"{statistics.median(xs):.3f}" if xs else "nan")
+    rate = (lambda k, n: f"{sum(r['losses'] for r in lost[(k, n)])}/{sum(r['blips'] for r in lost[(k, n)])}")
+    line = [f"blip_detect_secs={med(detect['now'])}", f"blip_detect_base_secs={med(detect.get('base', []))}"]
+    stuck = (lambda k: sum(r["stuck"] for (t, _), rs in lost.items() if t == k for r in rs))
+    for length in lengths:
+        line += [f"blip_{length:g}_losses={rate('now', length)}"] + \
+            ([f"blip_{length:g}_losses_base={rate('base', length)}"] if "base" in trees else [])
+    line += [f"blip_stuck={stuck('now')}"] + ([f"blip_stuck_base={stuck('base')}"] if "base" in trees else [])
+    for way, tag in (("1->0", "10"), ("0->1", "01")):
+        for side in ("node0", "agent"):
+            line.append(f"oneway_{tag}_{side}_secs={med([c[side] for c in cuts[('now', way)] if c[side] is not None])}")
+    print(" ".join(line) + f" blip_load={load[0]:.1f}")
+    if detect["now"] and statistics.median(detect["now"]) > FAST_BOUND:
+        failures.append(f"the silent host's median time to detection is past {FAST_BOUND} s")
+    failures += [f"a one-way cut {w} was not found by {side}" for (k, w), rs in cuts.items() if k == "now"
+                 for r in rs for side in ("node0", "agent") if r[side] is None]
+    failures += [f"a blip of {n:g} s (within the rule's bound) cost a host loss" for (k, n), rs in lost.items()
+                 if k == "now" and n <= BLIP_RIDDEN and any(r["losses"] for r in rs)]
+    failures += [f"a host lost in a blip of {n:g} s was never taken back" for (k, n), rs in lost.items()
+                 if k == "now" and any(r["stuck"] for r in rs)]
+    for f in failures:
+        print(f"bench_host_loss: FAILED: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+BLIP_RIDDEN = 0.2  # a blip this short is ridden out at any phase, with a margin for the load (the rule: 0.25 s)
+
+
 def heal_main(args: argparse.Namespace) -> int:
     """``--only heal``: ``heal`` of each length and agent, ``--repeats`` runs interleaved; a table, one line."""
     lengths = [float(x) for x in args.partitions.split(",") if x]
@@ -535,7 +721,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--minutes", type=float, default=30.0, help="length of each false-loss run (30 for the issue)")
-    ap.add_argument("--only", choices=("detect", "slow", "regroup", "master", "heal"), help="run one part only")
+    ap.add_argument("--only", choices=("detect", "slow", "regroup", "master", "heal", "blip"), help="run one part only")
+    ap.add_argument("--blips", default="0.2,0.3,0.5", help="--only blip: the blips' lengths (s)")
+    ap.add_argument("--blip-count", type=int, default=10, help="--only blip: blips of each length per run")
+    ap.add_argument("--baseline", default="", help="--only blip: a checkout of the code before, run beside this one's")
     ap.add_argument("--partitions", default="2,10,30", help="--only heal: the partitions' lengths past node_lost (s)")
     ap.add_argument("--together", action="store_true", help="the false-loss runs at once (each its own job)")
     ap.add_argument("--kinds", default=",".join(k for k, _ in KINDS), help="the false-loss runs, by name")
@@ -547,6 +736,8 @@ def main() -> int:
         return master_main(args)
     if args.only == "heal":
         return heal_main(args)
+    if args.only == "blip":
+        return blip_main(args)
     root = tempfile.mkdtemp(prefix="procsv-bench-hostloss-")
     fast: list[float] = []
     old: list[float] = []

@@ -143,6 +143,18 @@ def packets_dropped(ns: str = NS, address: str = HOST1_IP) -> Iterator[float]:
         ip("route", "del", "blackhole", f"{address}/32", check=False)
 
 
+@contextlib.contextmanager
+def frames_dropped_from(ns: str = NS, veth: str = VETH) -> Iterator[float]:
+    """A one-way cut for the body of a ``with``: every frame the host of ``ns`` sends dropped as it leaves it (a
+    ``blackhole`` qdisc on its end of the veth ``veth``: its kernel takes each as sent, no error, no ICMP), the frames
+    to it still passing; yields the wall time the drops began."""
+    ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", f"{veth}p", "root", "blackhole")
+    try:
+        yield time.time()
+    finally:
+        ip("netns", "exec", ns, "tc", "qdisc", "del", "dev", f"{veth}p", "root", check=False)
+
+
 def master_addr() -> str:
     return f"{MASTER_IP}:{random.randint(30000, 60000)}"
 

@@ -21,8 +21,8 @@ import pyfork
 
 from conftest import finish, launch, quiet_env, raw_status, wait_for
 from hosts_helpers import PACED, paced, unpace  # PACED: digits paced until a test's events (then at once)
-from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, host_pids, hosts, ip,  # noqa: F401 (a fixture)
-                        kill_all, master_addr, packets_dropped)
+from test_hosts import (ARGS, NS, PREFIX, VETH, add_host, events, frames_dropped_from, host_pids, hosts,  # noqa: F401
+                        ip, kill_all, master_addr, packets_dropped)
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
@@ -72,6 +72,7 @@ STEPS = 1500
 THREE_STEPS, PACE = 300, "0.24"
 PARTITION_PACE = "0.2"  # the partition run's (below)
 PARTITION_SECS = 8.0  # node 1's link down this long once node 0 regrouped without it
+ONE_WAY_SECS = 3.0  # node 1's frames to node 0 dropped this long once node 0 regrouped without it (the partition run's)
 # a silent host (its packets dropped) found lost within this, from the drop and in silent_secs (rule 12's fast
 # path: 0.2-0.45 s, docs/guarantees.md; 1.5 s: margin for node 0's loop on a loaded machine, and half the
 # --node-timeout 3 that found it before)
@@ -143,14 +144,18 @@ def test_three_hosts_lose_one_then_another_and_the_first_is_taken_back_then_a_pa
 
 
 @pytest.mark.parametrize("same_flags", [True])  # (False, the agent with its defaults: in the three hosts' run above)
-def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_and_the_host_is_taken_back(
+def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_and_the_host_is_taken_back_and_a_one_way_cut_alike(  # noqa: E501
         hosts, logdir, tmp_path, same_flags):
     """Two hosts, node 1's packets dropped both ways (a silent host: its processes run on, no FIN, no RST)
     until node 0 regrouped without it and 8 s more (past --node-timeout 3 and --rejoin-timeout 5): node 0
     finds it lost within SILENT_FOUND_SECS of the drop (its agent's beats late and its kernel silent to the
     probes; before, after --node-timeout 3), the group restarts on node 0 alone at once (issue 70: before,
     past --rejoin-timeout 5 after the loss) and trains on, and once the packets pass again node 1's agent (run
-    with node 0's flags) comes back and is taken back."""
+    with node 0's flags) comes back and is taken back. Then, the group of two training again, a one-way cut:
+    node 1's frames dropped as they leave it, node 0's still reaching it, ONE_WAY_SECS: node 0 finds node 1 lost
+    as fast (its kernel's answers to the probes are node 1's frames too), the group restarts on node 0 alone, node
+    1's agent says it found node 0 lost (before, it said nothing when TensorFlow had ended worker1 first: node 0's
+    chief, killed at the regroup, closed its connection to it, "Socket closed"), and node 1 is taken back again."""
     addr = master_addr()
     opts = ("--nnodes", "2", "--min-nodes", "1", "--node-timeout", "3", "--rejoin-timeout", "5",
             "--group-grace-secs", "0")
@@ -188,6 +193,12 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
         assert "found lost" in smaller["reason"], smaller
         wait_for(lambda: len(memberships(logdir)) == len(before) + 2 or a1.poll() is not None, 120,
                  what="node 1 taken back")
+        wait_for(two_training, 120, what="a commit of the group of two taken back")
+        with frames_dropped_from() as cut_at:
+            wait_for(lambda: len(memberships(logdir)) > len(before) + 2, 60, what="the group without node 1 again")
+            time.sleep(ONE_WAY_SECS)  # the fault's length (the agent finds node 0 lost within it), not a wait
+        wait_for(lambda: len(memberships(logdir)) == len(before) + 4 or a1.poll() is not None, 120,
+                 what="node 1 taken back after the one-way cut")
     finally:
         unpace(gate)
         try:
@@ -195,16 +206,26 @@ def test_a_partition_longer_than_the_rejoin_timeout_leaves_the_group_training_an
         finally:  # (node 1's agent too, whatever failed, killed past 30 s: a test that failed early left it running)
             acode, aout, aerr = finish(a1, timeout=30)
     print(err[-3000:], aerr[-3000:])
-    assert memberships(logdir) == before + [([0], 1), ([0, 1], 2)], aerr
+    assert memberships(logdir) == before + [([0], 1), ([0, 1], 2)] * 2, aerr
     assert code == 0, err
     assert acode == 0, aerr
+    one_way = events(logdir, "node_lost")[1]
+    assert one_way["time"] - cut_at <= SILENT_FOUND_SECS and "and its host answered no probe for" in one_way["reason"], \
+        one_way
+    # node 1's agent found node 0 lost each time, and said so: node 0's beats late (under the one-way cut, once node
+    # 0's side of their connection waits for acknowledgements that never come) and its address silent to the agent's
+    # probes (their handshakes are node 1's frames)
+    found = re.findall(r"procsv node 1: node 0 is lost \(no heartbeat from node 0 for [\d.]+ s and no handshake from "
+                       r"node 0's address for [\d.]+ s \(its host silent, or its launch gone\)\): (stopping this "
+                       r"host's trainers \(a stale group\)|no trainer of this host is running)", aerr)
+    assert len(found) == 2, aerr[-3000:]
     # once node 0's address answered again (or its beats came back) the agent made a new connection at once, once,
     # for the partition's silence (issue 70: before, it kept the one the partition cut, which waits out TCP's
     # retransmission backoff: up to about the partition's length past the heal with a real network's loss; these
     # blackhole routes fail the sends locally instead, so that the old connection may well say the hello first)
     redials = re.findall(r"node 0 is heard again after ([\d.]+) s of silence: a new connection to it \(link (\d+);",
                          aerr)
-    assert len(redials) == 1 and float(redials[0][0]) >= PARTITION_SECS, aerr[-3000:]
+    assert len(redials) == 2 and float(redials[0][0]) >= PARTITION_SECS, aerr[-3000:]  # (and the one-way cut's)
 
 
 def test_an_elastic_jobs_agent_still_gives_up_on_a_master_that_is_gone(hosts, logdir):

@@ -75,6 +75,7 @@ from procsv.watchdog.publish.reporting import Reporter
 from procsv.watchdog.rules.findings import Findings
 from procsv.watchdog.audit.auditors import Auditors
 from procsv.watchdog.rules.state import SERVICE_ROLES, TRAINER, RunView, ZygoteState
+from procsv.watchdog.rules.hosts import stale_members
 
 TICK_MS = 100
 EXIT_INTERNAL = 70  # the watchdog itself failed (EX_SOFTWARE); the run was stopped in order
@@ -266,6 +267,8 @@ class Watchdog:
         for node, msg, payload in self.link.receive():
             if isinstance(msg, NodeHello):
                 self.out.record(observe.node_hello(self.view, msg, self.clock()))
+                if self.ex.remote is not None:  # (a host found lost whose agent still runs the old group's members)
+                    self.ex.remote.stale(node, stale_members(self.view.nodes[node]))
                 if msg.stop in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) and self.view.stop_signal is None:  # left to us
                     self.out.record(observe.stop_requested(self.view, msg.stop, self.clock(), self.cfg.stop_grace_secs))
             elif isinstance(msg, MemberStarted) and self.ex.remote is not None:

@@ -120,6 +120,17 @@ def started_again(live: list[tuple[str, int, int]], link: int, told: int) -> lis
     return [] if link == told else [MemberStarted(slot, attempt, pid) for slot, attempt, pid in live]
 
 
+def lost_line(why: str, live: bool) -> str:
+    """What the agent says once it finds node 0 lost (rule 12 the other way, ``why``): it stops this host's ``live``
+    trainers, or says none was running (their ends are in their logs). Before, it said nothing without a live
+    trainer: under a one-way cut of node 1's packets to node 0, node 0 found node 1 lost and SIGKILLed its own
+    chief, whose closed connection (node 0's packets still passing) made TensorFlow end worker1 with "Socket
+    closed" before the agent found node 0 lost, and node 1's output never said that node 0 was lost."""
+    if live:
+        return f"node 0 is lost ({why}): stopping this host's trainers (a stale group)"
+    return f"node 0 is lost ({why}): no trainer of this host is running (a trainer's end is in its log)"
+
+
 class NodeAgent(Prewarmed):
     """One host's agent; :meth:`run` returns the exit code. It holds this host's pre-warmed trainer as
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
@@ -297,8 +308,8 @@ class NodeAgent(Prewarmed):
             silent = now - self.heard_at
             why = self.seen.lost(now, timeout) if dealer is not None else None  # (once per loss: a beat clears it)
             live = any(m.killed_at is None for m in self.members.values())
-            if live and why is not None and silent <= timeout:  # (the fast way; past the bound, said as before)
-                self.say(f"node 0 is lost ({why}): stopping this host's trainers (a stale group)")
+            if why is not None and (not live or silent <= timeout):  # (the fast way; past the bound, said as before)
+                self.say(lost_line(why, live))
             elif live and (silent > timeout or self.seen.is_lost):
                 self.say(f"the master is silent for {silent:.1f} s (no heartbeat from node 0 for longer than its "
                          f"--node-timeout {timeout:g}): stopping this host's trainers")
@@ -539,4 +550,4 @@ class NodeAgent(Prewarmed):
                 self.say(r.say.removeprefix("procsv: "))
 
 
-__all__ = ["NodeAgent", "started_again"]
+__all__ = ["NodeAgent", "lost_line", "started_again"]

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 from procsv.common.layout import Layout, read_json
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.multihost.probes import Prober
-from procsv.watchdog.rules.hosts import GAPS_KEPT, PROBE_WINDOW, master_lost, master_probe_due, master_redial
+from procsv.watchdog.rules.hosts import BLIP_SECS, GAPS_KEPT, PROBE_WINDOW, master_lost, master_probe_due, master_redial
 from procsv.watchdog.rules.state import NodeView
 
 # the probes of a silent master kept in its view: the silence's first and the newest (a partition of hours is probed
@@ -79,8 +79,11 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
     for sent, handshake in answers:
         if handshake:
             # none answered since (the address was silent), in a silence begun after the last healing (a late answer
-            # to a probe of the same silence, its SYN sent again by the kernel after the heal: no second healing)
-            if unanswered and sent - unanswered[0] >= PROBE_WINDOW and _since_healed(healed[0], unanswered[0]):
+            # to a probe of the same silence, its SYN sent again by the kernel after the heal: no second healing), and
+            # no beat for BLIP_SECS at least (a blip rule 12 rode out on both sides: TCP retransmits what it dropped
+            # on the connection the agent has, ~0.6 s after its start at most; a new one would drop what it queued)
+            if unanswered and sent - unanswered[0] >= PROBE_WINDOW and _since_healed(healed[0], unanswered[0]) \
+                    and (master.last_beat is None or sent - master.last_beat >= BLIP_SECS):
                 healed = looked_at, sent - unanswered[0]
             unanswered, ok = [s for s in unanswered if s > sent], True
     return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed_at=healed[0],

@@ -65,6 +65,7 @@ class RemoteMembers:
         # send that failed (resend)
         self.asked: dict[tuple[int, int, tuple[str, ...]], tuple[list[int], list[str], dict[str, str], bool]] = {}
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
+        self._stale_said: set[tuple[int, str, int]] = set()  # the stale members of a lost host said killed (stale)
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
 
     def start(self, attempt: int, cluster: list[str], env: dict[str, str], nodes: tuple[int, ...],
@@ -139,6 +140,18 @@ class RemoteMembers:
                 role = STANDBY if slot.startswith(STANDBY) else WORKER
                 observe.spawned(self.view, slot, role, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
                 self.view.children[slot].node = node
+
+    def stale(self, node: int, members: list[tuple[str, int]]) -> None:
+        """A hello of host ``node``, found lost, that lists ``members`` still running
+        (:func:`~procsv.watchdog.rules.hosts.stale_members`): its agent is told to kill each (again at each hello
+        while it lists it: a signal lost with a connection is sent again), said once."""
+        for slot, attempt in members:
+            self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
+            if (node, slot, attempt) not in self._stale_said:
+                self._stale_said.add((node, slot, attempt))
+                self.report([Report(say=f"procsv: node {node} is heard again, its agent still running {slot} attempt "
+                                        f"{attempt} of a group broken by the host's loss (it did not find node 0 "
+                                        "lost): killing it; the host is taken back once it is gone")])
 
     def started(self, node: int, slot: str, attempt: int, pid: int) -> None:
         """An agent started a member it was asked for (a stale one is killed at once; one heard of already,

@@ -9,8 +9,11 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   beats: their mean plus ``SUSPECT_SIGMAS`` deviations, phi-accrual's idea, kept within 0.2-0.3 s) AND
   its host's kernel answers none of node 0's probes (a TCP handshake to the agent's probe port,
   :func:`probes_due`, every ``PROBE_EVERY`` while the beats are late) for ``PROBE_WINDOW``, as node 0 saw at
-  its last look (:func:`kernel_silent`: node 0's own slowness is no evidence of a silent host): a host whose
-  network is cut, or whose power or kernel is gone, is found within 0.5 s of its silence. A slow agent
+  its last look (:func:`kernel_silent`: node 0's own slowness is no evidence of a silent host), its beats then
+  ``BLIP_SECS`` (0.4 s) late at least: a host whose network is cut, or whose power or kernel is gone, is found
+  within 0.5 s of its silence, and a link that drops every packet for up to 0.25 s (a bond's failover, a fast
+  reroute; up to 0.35 s by its phase against the beats) and passes them again is ridden out (TCP retransmits what
+  it dropped; before, a blip of 0.15-0.25 s was a loss and a group restart). A slow agent
   (stopped, starved of CPU, blocked) is not: its host's kernel still completes the handshake, so only
   the bound applies to it, ``node_timeout`` (``--node-timeout``) seconds without a beat, whatever the
   probes say, on node 0's watched clock (:mod:`procsv.watchdog.rules.unwatched`: a time node 0 was stopped, SIGSTOP
@@ -53,6 +56,10 @@ SUSPECT_SIGMAS = 4.0  # late past the mean gap plus this many deviations (phi ab
 MIN_SIGMA = 0.02  # the deviation taken at least (a steady agent's gaps vary by a few ms: no hair trigger)
 PROBE_EVERY = 0.05  # a suspected host is probed this often
 PROBE_WINDOW = 0.1  # ... and lost once a probe went unanswered this long at a look of node 0's (PROBES_MIN at least)
+# ... and no beat came for this long at that look: a link blip shorter than this (less a beat's and a probe's interval,
+# 0.25 s at least, up to 0.35 s by its phase against the beats) is ridden out, not a loss. The 0.5 s goal caps it: a
+# blip cannot be told from a cut until it ends, so a silent host is found about this long after its last beat
+BLIP_SECS = 0.4
 PROBE_RTT = 0.05  # a probe out this long at a look counts as unanswered (a LAN's round trip: under a millisecond)
 PROBES_MIN = 2
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
@@ -138,8 +145,11 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
     decision: ``PROBES_MIN`` probes at least out since ``PROBE_RTT`` then, the oldest since ``PROBE_WINDOW``,
     none answered (an answer to a later probe covers the earlier ones). A node 0 slow to look, or descheduled
     between its look and its decision, finds the host later, never lost by its own lateness: the probes it
-    sent had all that time to be answered."""
-    if not n.probe_ok or n.looked_at is None or not suspected(n, now):
+    sent had all that time to be answered. And no beat for ``BLIP_SECS`` at that look: a blip is told from a cut
+    only once it ends, so the host is found lost no sooner than that after its last beat (its probes, sent from
+    :func:`suspect_after` on, answer as soon as the link passes again, and cover the ones the blip dropped)."""
+    if not n.probe_ok or n.looked_at is None or not suspected(n, now) or n.last_beat is None \
+            or n.looked_at - n.last_beat < BLIP_SECS:
         return None
     out = [sent for sent in n.unanswered if n.looked_at - sent >= PROBE_RTT]
     if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
@@ -152,6 +162,20 @@ def agent_gone(n: NodeView, now: float) -> bool:
     and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
     not a firewall's reset), and its members died with it (their parent-death signal)."""
     return n.probe_ok and n.reset_at is not None and suspected(n, now)
+
+
+def stale_members(n: NodeView) -> list[tuple[str, int]]:
+    """The members a host found lost still runs, as its agent's last hello listed them (``(slot, attempt)``): each of
+    them counted dead at the loss (its group broke and restarts without it), so each is stale, and node 0 has its
+    agent kill it. Until they are gone the host is not taken back (:func:`~procsv.watchdog.observe.node_hello`: an
+    agent still running an old group's members stops them first). Its agent stops them itself once it finds node 0
+    lost; one that did not (a link blip that node 0's rule called a loss and the agent's rode out, its own view of
+    node 0 a turn later: measured, blips of 0.25-0.3 s) kept them running, and a member that does not end by itself
+    (one that sleeps; a TensorFlow member ends once the chief it talks to is gone) kept the host out: node 0 waited
+    for it until ``--rejoin-timeout``, and failed the run."""
+    if n.lost_at is None:
+        return []
+    return [(slot, int(attempt)) for slot, _, attempt in (m.rpartition(".") for m in n.live) if attempt.isdigit()]
 
 
 def probes_due(view: RunView, now: float) -> list[int]:
