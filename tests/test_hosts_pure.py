@@ -473,6 +473,53 @@ def test_an_agent_starts_its_share_of_a_standby_group_and_promotes_each_member_n
         agent.disk.close()
 
 
+def test_an_agent_starts_a_standby_member_again_for_the_same_attempt_once_the_one_before_it_ended_unpromoted(
+        short_tmp) -> None:
+    """Issue 70, a standby group broken before its promotion (a member SIGKILLed, on either host): node 0 prepares
+    the next one, after the backoff, for the same attempt (the trainer's next), and asks node 1 for ``standby1`` of
+    that attempt again. Before, the agent took it for a repeat of the first request (its slot and attempt asked
+    already) and started nothing: node 0 waited for that member for good, its view forking, so the group's next
+    death restarted nothing and a SIGTERM stopped nothing (measured, two hosts: node 0's standby prepared again,
+    node 1's never; worker1 then SIGKILLed, no attempt 2; the launch still there 40 s after its SIGTERM). Now the
+    agent forgets a standby member's request at its reap: asked again, it starts one anew (a live one still not)."""
+    import signal
+    import subprocess
+
+    from procsv.ipc.messages import StartMembers
+    from procsv.watchdog.children import ChildProcess
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    asked: list[tuple[str, int]] = []
+    agent._started = lambda dealer, pending, proc: asked.append((pending.slot, pending.attempt))  # type: ignore
+    agent.runtime = short_tmp
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        start = StartMembers(3, [1], ["a:1", "b:1"], {"PROCSV_STANDBY": "1"}, standby=True)
+        agent._start(None, start)  # type: ignore[arg-type]
+        agent.members["standby1.3"] = ChildProcess("standby1", "worker1", 3, member, "worker1.3.log")  # type: ignore
+        said: list[Any] = []
+
+        class Dealer:  # (what the agent says node 0 down its connection)
+            def send_multipart(self, frames: list[bytes], *args: Any, **kwargs: Any) -> None:
+                said.append(frames)
+
+        agent._start(Dealer(), start)  # type: ignore[arg-type]  # (a repeat while it lives: not started again,
+        assert asked == [("standby1", 3)] and len(said) == 1  # said started again)
+        member.send_signal(signal.SIGKILL)
+        member.wait()
+        assert agent._reap(None) and agent.members == {}  # type: ignore[arg-type]
+        agent._start(None, start)  # type: ignore[arg-type]  # the next standby group, for the same attempt
+        assert asked == [("standby1", 3), ("standby1", 3)]
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
+        agent.disk.close()
+
+
 def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_while_it_is_waited_for(short_tmp) -> None:
     """``NodeLink.send`` says False when the node's route is not connected or its queue is full: the start
     did not go out. Before, nobody looked (the members stayed pending, the view forking, for ever while the
