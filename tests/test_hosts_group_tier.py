@@ -55,6 +55,11 @@ def standby_spawned(logdir: str, attempt: int) -> dict[str, str]:
             and r["attempt"] == attempt}
 
 
+def lost_at(logdir: str, pid: int) -> float:
+    """When the lifecycle log says process ``pid`` exited (inf: not yet)."""
+    return min([r["time"] for r in events(logdir, "exited") if r["pid"] == pid] or [float("inf")])
+
+
 def restored_from_memory(logdir: str, attempt: int, record: dict[str, Any], seen: int, k: int = K) -> None:
     """``record`` (attempt ``attempt``'s restore) is the group's in-memory snapshot of a ``k``-th step at
     most one interval behind ``seen`` (the last step a member printed before the kill), the same step
@@ -146,6 +151,15 @@ def test_a_member_of_host_1_sigkilled_twice_and_node_0s_chief_once_each_promoted
             except AssertionError as exc:
                 said = [r for r in lifecycle(logdir) if "standby" in str(r.get("role", r.get("event")))]
                 raise AssertionError(f"{exc}; its records: {said}") from None
+            if attempt == 1:  # a standby member of node 1 SIGKILLed before its promotion: its group goes whole
+                # and is prepared again on both hosts (before, node 1's agent took the second ask of standby1.2
+                # for a repeat and started nothing: node 0 waited for it, and restarted nothing at the next kill)
+                [gone] = [r["pid"] for r in events(logdir, "spawned") if r["role"] == "standby1" and r["attempt"] == 2]
+                os.kill(gone, signal.SIGKILL)
+                wait_for(lambda: {(r["role"], r["via"]) for r in events(logdir, "spawned") if r["attempt"] == 2 and
+                                  r["role"].startswith("standby") and r["time"] > lost_at(logdir, gone)}
+                         == {("standby", "zygote"), ("standby1", "node1")}, 60,
+                         what="the standby group for attempt 2 prepared again on both hosts")
             role = "trainer" if attempt == 2 else "worker1"  # (node 0's member once: a kill on either host)
             kills.append(sigkill_mid_interval(logdir, role, f"{role}.{attempt}", after, SNAP_K))
             group_started(logdir, attempt + 1)
@@ -188,6 +202,10 @@ def test_a_member_of_host_1_sigkilled_twice_and_node_0s_chief_once_each_promoted
     assert spawned == [(1, "trainer", "zygote"), (1, "worker1", "node1"),
                        *[(a, role, "standby") for a in (2, 3, 4) for role in ("trainer", "worker1")],
                        (5, "trainer", "zygote"), (5, "worker1", "node1")], spawned
+    standbys = [(r["role"], r["pid"]) for r in events(logdir, "spawned") if r["attempt"] == 2 and r["role"] in
+                ("standby1", "worker1")]  # node 1's member of the second standby group is attempt 2's worker1
+    assert [role for role, _ in standbys] == ["standby1", "standby1", "worker1"] and \
+        standbys[1][1] == standbys[2][1] != standbys[0][1], standbys
     woken = re.findall(r"^procsv: promoted the standby trainer group's worker1 \(pid \d+ on node 1\) to attempt (\d)$", out, re.M)
     assert woken == ["2", "3", "4"], out  # (by node 1's agent)
     assert re.search(r"^procsv: the standby group's member standby1 attempt 5 \(pid \d+\) was killed by SIGKILL: "

@@ -336,6 +336,71 @@ def test_a_start_sent_down_a_connection_the_agent_replaced_before_its_new_one_sa
         reader.close()
         nodes.close()
 
+def test_a_promotion_sent_down_a_connection_the_agent_replaced_is_sent_again_and_its_member_not_killed(
+        short_tmp) -> None:
+    """Issue 70's promotion over a partition: node 0 promotes the standby group while node 1's link is down (its
+    members still waiting; a partition shorter than --node-timeout), and its PromoteMember goes down the
+    connection the agent then replaces. On the new link the agent says its waiting member ``standby1`` started
+    again. Before, node 0 took that for a stale start and killed it (its end then ended the promoted group: a
+    second restart, forked) and never sent the promotion again (had the member lived, the group's chief would
+    have waited for it in its first collective). Now node 0 knows the member as the worker it promoted, and sends
+    the promotion again down the new route while the agent's hellos list the member unpromoted; no more once
+    they list it as the worker. Real sockets, real CURVE."""
+    from procsv.common.bootstrap import Resume
+    from procsv.ipc.messages import PromoteMember, SignalMember
+    from procsv.watchdog.diskjobs import DiskJobs
+    from procsv.watchdog.multihost.remote import RemoteMembers
+
+    nodes = TwoNodes(short_tmp)
+    link, view, agent = nodes.link, nodes.view, nodes.agent
+    reader = DiskJobs("test-reader")
+    remote = RemoteMembers(link, view, nodes.layout, 1, lambda reports: None, time.monotonic, reader)
+
+    def hello(n: int, live: list[str]) -> NodeHello:
+        return NodeHello(1, 1, agent.host, os.getpid(), agent.addresses, live, link=n)
+
+    def read() -> None:  # node 0's _on_nodes: the hellos and starts observed, then the resends
+        for n, msg, _ in link.receive():
+            if isinstance(msg, NodeHello):
+                observe.node_hello(view, msg, time.monotonic())
+            elif isinstance(msg, MemberStarted):
+                remote.started(n, msg.slot, msg.attempt, msg.pid)
+        remote.resend(link.take_rerouted())
+
+    try:
+        old = nodes.connect()  # link 1
+        wait_for(lambda: send(old, hello(1, ["standby1.3"])) and (read() or 1 in view.nodes), 30,
+                 what="node 1's hello on link 1")
+        observe.spawned(view, "worker1", WORKER, 3, 1234, 2.0, "node1")  # standby1 promoted by node 0 (bookkeeping)
+        view.children["worker1"].node = 1
+        remote.promote(1, "standby1", 3, Resume((70,), 71, 0))
+        time.sleep(0.3)
+        old.close(0)  # the agent replaced the connection: what it carried is lost
+        new = nodes.connect_again()
+        got: list[Any] = []
+
+        def promotion_on_new() -> bool:
+            send(new, hello(2, ["standby1.3"]))
+            send(new, MemberStarted("standby1", 3, 1234))  # (started_again: the agent's first hello on link 2)
+            read()
+            got.extend(_drained(new))
+            return any(isinstance(m, PromoteMember) for m in got)
+
+        wait_for(promotion_on_new, 10, interval=0.1, what="the promotion sent again on the new link")
+        assert not any(isinstance(m, SignalMember) for m in got), got  # the waiting member is not killed
+        assert [m for m in got if isinstance(m, PromoteMember)][0] == PromoteMember("standby1", 3, [70], 71, 0)
+        # once the agent's hellos list it as the worker, a move of the route sends nothing more
+        wait_for(lambda: send(new, hello(2, ["worker1.3"])) and (read() or remote.promoting == {}), 10,
+                 what="the promotion forgotten")
+        _drained(new)
+        remote.resend({1})
+        time.sleep(0.3)
+        assert _drained(new) == []
+    finally:
+        reader.close()
+        nodes.close()
+
+
 def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(short_tmp) -> None:
     """Node 0 sends a start again down a node's new route while it is still waited for (the first may have
     gone down a connection the agent replaced): if the first did arrive, the second starts nothing."""
@@ -405,6 +470,53 @@ def test_an_agent_starts_its_share_of_a_standby_group_and_promotes_each_member_n
         if waiting.poll() is None:
             waiting.send_signal(signal.SIGKILL)
             waiting.wait()
+        agent.disk.close()
+
+
+def test_an_agent_starts_a_standby_member_again_for_the_same_attempt_once_the_one_before_it_ended_unpromoted(
+        short_tmp) -> None:
+    """Issue 70, a standby group broken before its promotion (a member SIGKILLed, on either host): node 0 prepares
+    the next one, after the backoff, for the same attempt (the trainer's next), and asks node 1 for ``standby1`` of
+    that attempt again. Before, the agent took it for a repeat of the first request (its slot and attempt asked
+    already) and started nothing: node 0 waited for that member for good, its view forking, so the group's next
+    death restarted nothing and a SIGTERM stopped nothing (measured, two hosts: node 0's standby prepared again,
+    node 1's never; worker1 then SIGKILLed, no attempt 2; the launch still there 40 s after its SIGTERM). Now the
+    agent forgets a standby member's request at its reap: asked again, it starts one anew (a live one still not)."""
+    import signal
+    import subprocess
+
+    from procsv.ipc.messages import StartMembers
+    from procsv.watchdog.children import ChildProcess
+
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    asked: list[tuple[str, int]] = []
+    agent._started = lambda dealer, pending, proc: asked.append((pending.slot, pending.attempt))  # type: ignore
+    agent.runtime = short_tmp
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        start = StartMembers(3, [1], ["a:1", "b:1"], {"PROCSV_STANDBY": "1"}, standby=True)
+        agent._start(None, start)  # type: ignore[arg-type]
+        agent.members["standby1.3"] = ChildProcess("standby1", "worker1", 3, member, "worker1.3.log")  # type: ignore
+        said: list[Any] = []
+
+        class Dealer:  # (what the agent says node 0 down its connection)
+            def send_multipart(self, frames: list[bytes], *args: Any, **kwargs: Any) -> None:
+                said.append(frames)
+
+        agent._start(Dealer(), start)  # type: ignore[arg-type]  # (a repeat while it lives: not started again,
+        assert asked == [("standby1", 3)] and len(said) == 1  # said started again)
+        member.send_signal(signal.SIGKILL)
+        member.wait()
+        assert agent._reap(None) and agent.members == {}  # type: ignore[arg-type]
+        agent._start(None, start)  # type: ignore[arg-type]  # the next standby group, for the same attempt
+        assert asked == [("standby1", 3), ("standby1", 3)]
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
         agent.disk.close()
 
 

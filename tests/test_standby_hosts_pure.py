@@ -150,3 +150,37 @@ def test_a_host_lost_with_the_standby_group_prepared_takes_the_group_along_and_t
     acts = [a for _ in range(4) for a in sim.tick(0.5)]
     assert not of(acts, Promote), acts
     assert Spawn(TRAINER, TRAINER, (0,)) in acts, acts
+
+
+def test_after_a_host_lost_with_the_standby_group_prepared_the_smaller_groups_standby_is_promoted_not_forked():
+    # the elastic group's next standby (--min-nodes 1): node 1 lost with a standby group prepared over both hosts,
+    # the group restarted over node 0 alone, and its standby (one member, node 0's) prepared once it stepped. Before,
+    # node 1's standby1 of the group the loss ended stayed among the standby's members (settled, dead): the new
+    # standby was never whole (two members for a group of one), so the next death killed it as unready and forked
+    # (measured, three hosts down to two: every restart after the loss forked, its standby group wasted)
+    sim = TwoHostSim(min_nodes=1).started()
+    sim.tick()
+    sim.standby_ready()
+    sim.beating = False
+    sim.now += 10.0  # node 1 silent past its --node-timeout
+    for action in host_actions(sim.view, sim.now, sim.limits):
+        note(sim.view, action, sim.now, sim.limits)
+    sim.tick(0.01)
+    sim.reaps(STANDBY, KILLED)
+    sim.reaps(TRAINER, KILLED)
+    sim.spawn = lambda slot, role: (Sim.spawn(sim, slot, role) if role != STANDBY  # type: ignore[method-assign]
+                                    else StandbyGroupSim.spawn(sim, slot, role))  # node 0 alone: one member each
+    acts = [a for _ in range(4) for a in sim.tick(0.5)]
+    assert Spawn(TRAINER, TRAINER, (0,)) in acts, acts
+    chief = sim.view.children[TRAINER]
+    observe.heard(sim.view, TrainerReady(chief.pid, chief.attempt, 0, None, 0.1, [], 1.0, None), sim.now)
+    sim.group_progress(2, (TRAINER,))
+    sim.now += 30.0  # past the standby's backoff
+    assert sim.tick() == [Spawn(STANDBY, STANDBY)]
+    sim.standby_ready(STANDBY)
+    assert [(c.slot, c.attempt, c.node) for c in standby.members(sim.view)] == [(STANDBY, chief.attempt + 1, 0)]
+    sim.notices(TRAINER)
+    sim.reaps(TRAINER, KILLED)
+    acts = [a for _ in range(4) for a in sim.tick(0.5)]  # (the restart after its backoff: 1 s)
+    assert of(acts, Promote) == [Promote(STANDBY, chief.attempt + 1)], acts
+    assert not of(acts, Spawn) and not of(acts, Kill), acts

@@ -463,7 +463,10 @@ class NodeAgent(Prewarmed):
         member asked for again is not started again (node 0 asks again down a new connection while it has
         not heard of the start: the first request may have reached this agent all the same); one running is
         said started again, since its first MemberStarted may be what went down a dead connection. A standby
-        group's members (``msg.standby``) are slots ``standby<R>`` writing the next attempt's ``worker<R>`` log."""
+        group's members (``msg.standby``) are slots ``standby<R>`` writing the next attempt's ``worker<R>`` log; one
+        that ended unpromoted is forgotten at its reap (:meth:`_reap`), so the standby group node 0 prepares for the
+        same attempt after that one broke is started here too (before, asked of a slot already asked, it started
+        nothing and said nothing: node 0 waited for it for good, its view forking, and no restart came)."""
         slot_of = standby_slot if msg.standby else worker_slot
         ranks = [r for r in msg.ranks if f"{slot_of(r)}.{msg.attempt}" not in self.asked]
         for rank in [r for r in msg.ranks if r not in ranks]:  # asked again: its MemberStarted may be lost
@@ -534,6 +537,8 @@ class NodeAgent(Prewarmed):
             m.reap()  # (reaped already: closes its pidfd)
             ended = True
             signalled = self.asked.get(key, False)
+            if m.slot.startswith(STANDBY):  # a standby group's member gone unpromoted: the next group prepared for
+                self.asked.pop(key, None)  # the same attempt (after this one broke) asks for its slot again, anew
             if dealer is not None and not faults.fires("agent", "member_ended_unsent"):  # tests: a report its host took along
                 send(dealer, MemberEnded(m.slot, m.attempt, m.pid, code, signalled))
         return ended

@@ -64,6 +64,10 @@ class RemoteMembers:
         # out), sent again while one of their members is still pending, down the node's new route or after a
         # send that failed (resend)
         self.asked: dict[tuple[int, int, tuple[str, ...]], tuple[list[int], list[str], dict[str, str], bool]] = {}
+        # the promotions sent to an agent: (node, standby slot, attempt) -> (the message, sent: the last send went
+        # out), sent again while the agent's hellos still list the member unpromoted, down the node's new route or
+        # after a send that failed (resend): the agent promotes a member once however often it is asked
+        self.promoting: dict[tuple[int, str, int], tuple[PromoteMember, bool]] = {}
         # ends whose error file is being read: (slot, attempt, pid, code, wall, the read, due), in order
         self._stale_said: set[tuple[int, str, int]] = set()  # the stale members of a lost host said killed (stale)
         self._ends: "deque[tuple[str, int, int, int, float, bool, Job[Optional[ChildError]], float]]" = deque()
@@ -87,10 +91,16 @@ class RemoteMembers:
     def promote(self, node: int, slot: str, attempt: int, told: Resume) -> None:
         """Ask host ``node``'s agent to promote its standby group member ``slot`` to the ``attempt``'s worker
         (:mod:`procsv.watchdog.multihost.standbys`), with what a member spawned now would be ``told``."""
-        msg = PromoteMember(slot, attempt, list(told.skip_steps), told.rollback_before, told.launch_start_step)
-        if not self.link.promote(node, msg):  # (not connected: its host is found lost, or the member dies unwoken)
-            self.report([Report(say=f"procsv: could not send node {node}'s agent the promotion of {slot} "
-                                    f"(attempt {attempt}): not connected")])
+        self._promote(node, PromoteMember(slot, attempt, list(told.skip_steps), told.rollback_before,
+                                          told.launch_start_step))
+
+    def _promote(self, node: int, msg: PromoteMember) -> None:
+        key = node, msg.slot, msg.attempt
+        sent = self.link.promote(node, msg)
+        if not sent and (key not in self.promoting or self.promoting[key][1]):  # (said once, not at each try)
+            self.report([Report(say=f"procsv: could not send node {node}'s agent the promotion of {msg.slot} "
+                                    f"(attempt {msg.attempt}): not connected; sending it again as it says hello")])
+        self.promoting[key] = msg, sent
 
     def start_task(self, node: int, slot: str, attempt: int, rank: int, env: dict[str, str]) -> None:
         """Ask host ``node`` for one task restarted alone (``--ps``: a worker), ``env`` with its whole
@@ -114,7 +124,9 @@ class RemoteMembers:
         (what its old socket queued during a partition reaches node 0 before any hello of the new one) and
         be lost; nothing else would end the wait while the host keeps saying hello (the view forking: no
         restart, no stop). A start whose send failed (not connected, or its queue full) is sent again at
-        each call. The agent starts a member of an attempt once however often it is asked."""
+        each call. The agent starts a member of an attempt once however often it is asked. So for a standby
+        group's promotion (issue 70), while the node's hellos still list the member unpromoted (``standby<R>``):
+        the agent promotes a member once (the second finds it re-keyed)."""
         self._forget_answered()
         for (node, attempt, slots), (ranks, cluster, env, sent) in list(self.asked.items()):
             if node in nodes:
@@ -122,6 +134,16 @@ class RemoteMembers:
                                         f"{', '.join(slots)} (attempt {attempt}) is not answered; asking again")])
             if node in nodes or not sent:
                 self._ask(node, attempt, slots, ranks, cluster, env, slots[0].startswith(STANDBY))
+        for (node, slot, attempt), (msg, sent) in list(self.promoting.items()):
+            known = self.view.nodes.get(node)
+            if known is None or known.lost_at is not None or f"{slot}.{attempt}" not in known.live:
+                del self.promoting[node, slot, attempt]  # promoted there (its hellos list its worker), or gone
+            elif node in nodes or not sent:
+                if node in nodes:
+                    self.report([Report(say=f"procsv: node {node}'s agent is on another connection while it still "
+                                            f"lists {slot} (attempt {attempt}) unpromoted; sending its promotion "
+                                            f"again")])
+                self._promote(node, msg)
 
     def _forget_answered(self) -> None:
         """Forget the starts none of whose members is still pending (started, ended, or its host lost)."""
@@ -160,6 +182,9 @@ class RemoteMembers:
             known = self.view.children.get(slot)
             if known is not None and (known.attempt, known.pid, known.node) == (attempt, pid, node):
                 return
+            promoted = self.view.children.get(worker_slot(rank_of(slot))) if slot.startswith(STANDBY) else None
+            if promoted is not None and (promoted.attempt, promoted.pid, promoted.node) == (attempt, pid, node):
+                return  # a standby member node 0 promoted, said started again before its promotion reached it
             self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
             return
         del self.pending[slot]

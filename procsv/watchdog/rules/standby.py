@@ -34,8 +34,9 @@ only if every member sits on its task's host of the next group (:func:`promotabl
 with a standby group prepared takes the group along: its members there end with the host (``NodeLost``),
 :func:`broken` kills the rest, and the restart forks over the hosts left (an elastic group's smaller group,
 or every host once the lost one is back); the next standby group is prepared over the new group's hosts once
-it stepped, after the backoff (the loss counts as a standby's end). ``--standby auto`` stays ``fork`` with
-``--nnodes`` (the memory rule measures node 0's host only).
+it stepped, after the backoff (the loss counts as a standby's end), and promoted as any (:func:`members` leaves
+out the lost host's member of the old group, settled: a smaller group's standby is whole without it).
+``--standby auto`` stays ``fork`` with ``--nnodes`` (the memory rule measures node 0's host only).
 
 **The standby group** (``--nproc N`` on one host): the standby is N processes, slots ``standby``
 (task 0) and ``standby<R>``, forked together with the *next* group attempt's ``TF_CONFIG`` (ports
@@ -92,8 +93,11 @@ def slot(rank: int) -> str:
 
 
 def members(view: RunView) -> list[ChildView]:
-    """The standby's processes (one; a standby group's N), by task."""
-    return sorted((c for c in view.children.values() if c.role == STANDBY), key=lambda c: group.rank_of(c.slot))
+    """The standby's processes (one; a standby group's N), by task: not one whose end was judged already (rule 1),
+    the member of a group replaced since whose slot the new group has not taken (a smaller group's: an elastic
+    group's after a host's loss, whose standby was never whole, and killed as unready at every restart, before)."""
+    return sorted((c for c in view.children.values() if c.role == STANDBY and not c.settled),
+                  key=lambda c: group.rank_of(c.slot))
 
 
 def may_prepare(view: RunView, now: float) -> bool:
@@ -102,7 +106,7 @@ def may_prepare(view: RunView, now: float) -> bool:
         return False
     if view.zygote != ZygoteState.READY or view.forking or view.restart_at is not None:
         return False
-    if any(not c.settled for c in members(view)):
+    if members(view):
         return False
     trainer = view.children.get(TRAINER)
     if trainer is None or not trainer.live or trainer.first_step_at is None:
@@ -130,7 +134,7 @@ def promotable(view: RunView, size: int, ready: bool = True, nodes: tuple[int, .
 def broken(view: RunView) -> list[Action]:
     """A standby group's member ended before its promotion: the rest of it is SIGKILLed (it can never
     take a collective step without that member); rule 1 settles each, and another group is prepared."""
-    sbs = members(view)  # (a member settled already belongs to a group replaced since, member by member)
+    sbs = members(view)
     if len(sbs) < 2 or not any((c.reaped or c.noticed_dead_at is not None) and not c.settled for c in sbs):
         return []
     return [Kill(c.slot, c.attempt, Cause.STANDBY_LOST) for c in sbs if c.live and not c.killed
