@@ -743,6 +743,28 @@ def test_a_groups_fault_kept_outside_its_checkpoint_is_rolled_back_on_trial_and_
     assert left is not None and left.verdict == Verdict.UNAUDITED and "trial's rollback stands" in left.line
 
 
+def test_under_audit_sampled_a_groups_trial_is_decided_by_the_next_interval_not_the_next_sample() -> None:
+    """``--audit sampled`` replays the first two intervals and then one in 16; an undecided candidate has the next
+    interval the trainer ran on replayed whatever the sample says. A group's trial waits the same way: before, the
+    interval after its rollback was not sampled, so the trial waited for the next sample (12 intervals on here; a run
+    that ended first kept the rollback with no verdict, no host named, and a program that does not replay kept its
+    audit on meanwhile)."""
+    book = AuditBook(mode=AuditMode.SAMPLED, group=True)
+    for s in (100, 200, 300):
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert judge(book, BAD, BAD).verdict == Verdict.UNDECIDED
+    trial = judge(book, BAD, BAD)
+    assert trial.verdict == Verdict.TRIAL
+    rolled_back(book, trial)
+    for s in (150, 250):  # trained again from 100: the interval from where it began, then one it ran on (index 3)
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=2, began=100)
+    assert [(i.start, i.end, i.resumed) for i in book.queue] == [(150, 250, False)]  # (the resumed one: not sampled)
+    confirmed = judge(book, GOOD)
+    assert confirmed.verdict == Verdict.TRAINER and confirmed.made and book.known.trial is None
+    committed(book, 350, "/l/model.ckpt-350", eligible=True, attempt=2)  # decided: sampled as before (index 4: not)
+    assert book.queue == []
+
+
 def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_and_none_over_hosts_or_with_ps() -> None:
     from procsv.watchdog.audit.auditors import replayers
 

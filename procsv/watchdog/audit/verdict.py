@@ -277,7 +277,8 @@ class AuditBook:
         interval = Interval(last.step, step, last.path, path, resumed=fresh, session_start=last.final)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
-        if sampled(index, self.mode) or (self.known.candidate is not None and not interval.resumed):
+        undecided = self.known.candidate is not None or self.known.trial is not None  # (the next interval decides)
+        if sampled(index, self.mode) or (undecided and not interval.resumed):
             queued = [*self.queue, interval]
             self.queue = waiting(queued, self.mode)
             gone = [i for i in queued if not any(j.start <= i.start and i.end <= j.end for j in self.queue)]
