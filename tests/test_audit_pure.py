@@ -743,6 +743,29 @@ def test_a_groups_fault_kept_outside_its_checkpoint_is_rolled_back_on_trial_and_
     assert left is not None and left.verdict == Verdict.UNAUDITED and "trial's rollback stands" in left.line
 
 
+def test_a_trial_that_finds_no_group_running_leaves_its_candidate_undecided_and_the_next_match_rolls_back() -> None:
+    """A trial verdict reached while the group is between attempts (a member died; rollback() makes none): nothing is
+    rolled back. Before, the trial stayed all the same, the restarted group (consistent from the chief's checkpoint of
+    300) matched from 400 on, and that match confirmed it as 'rolled back to step 100 on trial' with nothing rolled
+    back (rollback_before None): the wrong steps 100-300 kept. Now its candidate waits again, and that match is a
+    trainer verdict with a rollback to 100 of its own."""
+    book = AuditBook(mode=AuditMode.EVERY, group=True)
+    for s in (100, 200, 300):
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(book, BAD, BAD)
+    trial = judge(book, BAD, BAD)
+    assert trial.verdict == Verdict.TRIAL and rollback(trial, 1, False, False, False, 300, "h") is None  # (dead)
+    book.untried()
+    assert book.known.trial is None and book.known.candidate is not None and 100 in holds(book)
+    for s in (400, 500):  # the group restarted from 300, its newest checkpoint
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=2, began=300)
+    assert judge(book, GOOD).verdict == Verdict.MATCH  # (resumed: proves nothing)
+    confirmed = judge(book, GOOD)
+    assert confirmed.verdict == Verdict.TRAINER and not confirmed.made and confirmed.rollback_before == 101
+    rb = rollback(confirmed, 2, True, False, False, 500, "h")
+    assert rb is not None and rb.before == 101
+
+
 def test_under_audit_sampled_a_groups_trial_is_decided_by_the_next_interval_not_the_next_sample() -> None:
     """``--audit sampled`` replays the first two intervals and then one in 16; an undecided candidate has the next
     interval the trainer ran on replayed whatever the sample says. A group's trial waits the same way: before, the

@@ -285,6 +285,12 @@ class Auditors:
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
         if rb is None:
+            if judged.verdict == Verdict.TRIAL and not self.view.finishing:  # (no group running: none rolled back)
+                self.book.untried()
+                self.report([Report(say=f"procsv: audit: no trainer group is running to roll back on trial; steps "
+                                        f"{judged.interval.start}-{judged.interval.end} stay undecided until the next "
+                                        "interval it runs on", err=True)])
+                self._publish()
             return
         note_audit_rollback(self.view, rb)
         rolled_back(self.book, judged)

@@ -427,6 +427,16 @@ class AuditBook:
                                   f"agree with each other, not with its checkpoint; differing: {names}{why}): {back}",
                                   made))
 
+    def untried(self) -> None:
+        """The trial's rollback could not be made (no group running: between two attempts): nothing was rolled back,
+        so its candidate waits again, undecided. The next interval the group runs on decides as it would have before
+        the trial (the group restarted whole from the chief's checkpoint, consistent again): it matches, a trainer
+        verdict on the candidate with a rollback of its own; before, the trial stayed and that match confirmed it as
+        'rolled back on trial' with nothing rolled back, the wrong steps kept."""
+        trial = self.known.trial
+        if trial is not None:
+            self.known.waits(undecided=Judged(Verdict.UNDECIDED, trial.interval, trial.replays, trial.line))
+
     def ended(self) -> Optional[Judged]:
         """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no
         candidate). Nothing is rolled back: no later interval could tell a fault from a program that does not
