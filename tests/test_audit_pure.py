@@ -743,6 +743,19 @@ def test_a_groups_fault_kept_outside_its_checkpoint_is_rolled_back_on_trial_and_
     assert left is not None and left.verdict == Verdict.UNAUDITED and "trial's rollback stands" in left.line
 
 
+def test_a_group_auditors_member_is_named_by_its_task_in_its_exit_record_as_in_its_spawned_one() -> None:
+    """A group's replay member ``auditor1``: its ``spawned`` record said auditor1, its ``exited`` one said ``auditor``
+    (measured: a launch's two exits of attempt 1 both 'auditor', none 'auditor1'), so a reader
+    pairing them by role and attempt found the chief's exit twice and auditor1's never."""
+    from procsv.watchdog.rules.failures import Failure
+
+    sim = Sim()
+    said = observe.spawned(sim.view, auditor_slot(1), AUDITOR, 1, 4321, sim.now, "zygote")
+    assert said[0].fields["role"] == "auditor1"
+    ended = observe.reaped(sim.view, auditor_slot(1), 1, Failure(AUDITOR, 1, 4321, -9, 0.0, "log"), sim.now)
+    assert [r.fields["role"] for r in ended if r.event == Event.EXITED] == ["auditor1"]
+
+
 def test_a_trial_that_finds_no_group_running_leaves_its_candidate_undecided_and_the_next_match_rolls_back() -> None:
     """A trial verdict reached while the group is between attempts (a member died; rollback() makes none): nothing is
     rolled back. Before, the trial stayed all the same, the restarted group (consistent from the chief's checkpoint of

@@ -472,8 +472,9 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
 
 
 def _role(child: ChildView) -> str:
-    """The role records name: a group's worker (a standby group's member) by its task, ``worker1`` (``standby1``)."""
-    return child.slot if child.role in (WORKER, STANDBY) else child.role
+    """The role records name: a group's worker (a standby group's member, a group's auditor) by its task, ``worker1``
+    (``standby1``, ``auditor1``), as its ``spawned`` record does."""
+    return child.slot if child.role in (WORKER, STANDBY, AUDITOR) else child.role
 
 
 def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
