@@ -53,7 +53,8 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
                                                                                            tmp_path):
     """A group (--nproc 2): TensorFlow's coordination service in its chief found every member's heartbeats 15 s old at
     the resume and aborted the group's collectives (worker1: 'UnavailableError: ... The following tasks are unhealthy
-    (stopped sending heartbeats)', the whole group restarted) before procsv configured it (trainer/group/heartbeat_bound.py)."""
+    (stopped sending heartbeats)', the whole group restarted) before procsv configured it
+    (trainer/group/heartbeat_bound.py)."""
     from test_group import _clean_group_run
 
     fast, gate = str(tmp_path / "fast"), str(tmp_path / "gate")
