@@ -839,3 +839,30 @@ def test_a_groups_replay_is_one_auditor_a_members_death_is_its_death_and_the_res
     audits.round()
     assert audits.book.deaths.total == 1 and ex.forked[-1] == (3, "100:200")  # no death: the second replay
     assert audits.running == 3 and [p for p in ex.paused if p[1] == 3] in ([], [(AUDITOR, 3, True), ("auditor1", 3, True)])
+
+
+def test_a_group_replays_one_dead_member_is_one_death_however_many_rounds_its_chief_takes_to_be_reaped() -> None:
+    """worker 1 of a group's replay SIGKILLed (by hand: kill -9 of auditor1, digits --nproc 2 --audit every): the
+    replay died once. Before, every round until each member was reaped counted it again (the dead member, then the
+    chief the watchdog SIGKILLed when it was reaped: 'a fresh auditor replays them in 1.0 s', '... in 2.0 s', then
+    'no verdict (3 auditors died before their answer ...)': one kill left the interval unaudited)."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said = _Ex(sim), []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 2, said.extend, lambda msg: None)  # type: ignore[arg-type]
+    for s in (100, 200):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+    audits.round()
+    sim.dies("auditor1", -9)
+    audits.round()  # the replay died: its chief SIGKILLed, not reaped yet
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(AUDITOR, 1)]
+    sim.view.children[AUDITOR].killed = True  # (as the executor marks a child it sent SIGKILL)
+    for _ in range(3):
+        audits.round()  # (rounds before the chief's reap)
+    sim.dies(AUDITOR, -9)  # reaped: killed by the watchdog, for the replay's death
+    audits.round()
+    assert audits.book.deaths.total == 1 and audits.running is None and not audits.book.verdicts
+    assert len([r for r in said if "a fresh auditor replays them" in r.say]) == 1, [r.say for r in said]
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]

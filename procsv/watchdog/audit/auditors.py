@@ -119,8 +119,8 @@ class Auditors:
             return
         members = self._members()
         child = members[0] if members else None  # the replay's chief: its answer is the replay's
-        if self.running is not None and not self.answered:
-            self._ended(members)
+        if self.running is not None and not (self.answered or self.dead):  # (a replay dies once, whatever its
+            self._ended(members)                                              # members' reaps take)
         if self.running is not None and (self.answered or self.dead) and not any(c.live for c in members):
             self.running, self.hung, self.dead = None, None, False
         self._hold()
