@@ -743,6 +743,64 @@ def test_a_groups_fault_kept_outside_its_checkpoint_is_rolled_back_on_trial_and_
     assert left is not None and left.verdict == Verdict.UNAUDITED and "trial's rollback stands" in left.line
 
 
+def test_a_group_auditors_member_is_named_by_its_task_in_its_exit_record_as_in_its_spawned_one() -> None:
+    """A group's replay member ``auditor1``: its ``spawned`` record said auditor1, its ``exited`` one said ``auditor``
+    (measured: a launch's two exits of attempt 1 both 'auditor', none 'auditor1'), so a reader
+    pairing them by role and attempt found the chief's exit twice and auditor1's never."""
+    from procsv.watchdog.rules.failures import Failure
+
+    sim = Sim()
+    said = observe.spawned(sim.view, auditor_slot(1), AUDITOR, 1, 4321, sim.now, "zygote")
+    assert said[0].fields["role"] == "auditor1"
+    ended = observe.reaped(sim.view, auditor_slot(1), 1, Failure(AUDITOR, 1, 4321, -9, 0.0, "log"), sim.now)
+    assert [r.fields["role"] for r in ended if r.event == Event.EXITED] == ["auditor1"]
+
+
+def test_a_trial_that_finds_no_group_running_leaves_its_candidate_undecided_and_the_next_match_rolls_back() -> None:
+    """A trial verdict reached while the group is between attempts (a member died; rollback() makes none): nothing is
+    rolled back. Before, the trial stayed all the same, the restarted group (consistent from the chief's checkpoint of
+    300) matched from 400 on, and that match confirmed it as 'rolled back to step 100 on trial' with nothing rolled
+    back (rollback_before None): the wrong steps 100-300 kept. Now its candidate waits again, and that match is a
+    trainer verdict with a rollback to 100 of its own."""
+    book = AuditBook(mode=AuditMode.EVERY, group=True)
+    for s in (100, 200, 300):
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    judge(book, BAD, BAD)
+    trial = judge(book, BAD, BAD)
+    assert trial.verdict == Verdict.TRIAL and rollback(trial, 1, False, False, False, 300, "h") is None  # (dead)
+    book.untried()
+    assert book.known.trial is None and book.known.candidate is not None and 100 in holds(book)
+    for s in (400, 500):  # the group restarted from 300, its newest checkpoint
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=2, began=300)
+    assert judge(book, GOOD).verdict == Verdict.MATCH  # (resumed: proves nothing)
+    confirmed = judge(book, GOOD)
+    assert confirmed.verdict == Verdict.TRAINER and not confirmed.made and confirmed.rollback_before == 101
+    rb = rollback(confirmed, 2, True, False, False, 500, "h")
+    assert rb is not None and rb.before == 101
+
+
+def test_under_audit_sampled_a_groups_trial_is_decided_by_the_next_interval_not_the_next_sample() -> None:
+    """``--audit sampled`` replays the first two intervals and then one in 16; an undecided candidate has the next
+    interval the trainer ran on replayed whatever the sample says. A group's trial waits the same way: before, the
+    interval after its rollback was not sampled, so the trial waited for the next sample (12 intervals on here; a run
+    that ended first kept the rollback with no verdict, no host named, and a program that does not replay kept its
+    audit on meanwhile)."""
+    book = AuditBook(mode=AuditMode.SAMPLED, group=True)
+    for s in (100, 200, 300):
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=1)
+    assert judge(book, BAD, BAD).verdict == Verdict.UNDECIDED
+    trial = judge(book, BAD, BAD)
+    assert trial.verdict == Verdict.TRIAL
+    rolled_back(book, trial)
+    for s in (150, 250):  # trained again from 100: the interval from where it began, then one it ran on (index 3)
+        committed(book, s, f"/l/model.ckpt-{s}", eligible=True, attempt=2, began=100)
+    assert [(i.start, i.end, i.resumed) for i in book.queue] == [(150, 250, False)]  # (the resumed one: not sampled)
+    confirmed = judge(book, GOOD)
+    assert confirmed.verdict == Verdict.TRAINER and confirmed.made and book.known.trial is None
+    committed(book, 350, "/l/model.ckpt-350", eligible=True, attempt=2)  # decided: sampled as before (index 4: not)
+    assert book.queue == []
+
+
 def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_and_none_over_hosts_or_with_ps() -> None:
     from procsv.watchdog.audit.auditors import replayers
 
@@ -781,3 +839,30 @@ def test_a_groups_replay_is_one_auditor_a_members_death_is_its_death_and_the_res
     audits.round()
     assert audits.book.deaths.total == 1 and ex.forked[-1] == (3, "100:200")  # no death: the second replay
     assert audits.running == 3 and [p for p in ex.paused if p[1] == 3] in ([], [(AUDITOR, 3, True), ("auditor1", 3, True)])
+
+
+def test_a_group_replays_one_dead_member_is_one_death_however_many_rounds_its_chief_takes_to_be_reaped() -> None:
+    """worker 1 of a group's replay SIGKILLed (by hand: kill -9 of auditor1, digits --nproc 2 --audit every): the
+    replay died once. Before, every round until each member was reaped counted it again (the dead member, then the
+    chief the watchdog SIGKILLed when it was reaped: 'a fresh auditor replays them in 1.0 s', '... in 2.0 s', then
+    'no verdict (3 auditors died before their answer ...)': one kill left the interval unaudited)."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said = _Ex(sim), []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 2, said.extend, lambda msg: None)  # type: ignore[arg-type]
+    for s in (100, 200):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+    audits.round()
+    sim.dies("auditor1", -9)
+    audits.round()  # the replay died: its chief SIGKILLed, not reaped yet
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(AUDITOR, 1)]
+    sim.view.children[AUDITOR].killed = True  # (as the executor marks a child it sent SIGKILL)
+    for _ in range(3):
+        audits.round()  # (rounds before the chief's reap)
+    sim.dies(AUDITOR, -9)  # reaped: killed by the watchdog, for the replay's death
+    audits.round()
+    assert audits.book.deaths.total == 1 and audits.running is None and not audits.book.verdicts
+    assert len([r for r in said if "a fresh auditor replays them" in r.say]) == 1, [r.say for r in said]
+    sim.now += RETRY_SECS
+    audits.round()
+    assert ex.forked == [(1, "100:200"), (2, "100:200")]

@@ -16,11 +16,15 @@ import time
 import psutil
 import pytest
 
-from conftest import PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, run_processes, wait_for
+from conftest import (PROGRAMS, committed_steps, final_weights, finish, launch, lifecycle, quiet_env, raw_status,
+                      run_processes, wait_for, wait_role_pid)
 
 pytestmark = pytest.mark.slow
 PACED = os.path.join(PROGRAMS, "paced.py")
+STEPS = "400"  # the shared uninterrupted group run's (test_group.CLEAN_STEPS)
 STOP_SECS = 12.0  # longer than the stall rule's floor (10 s; 3 save intervals of 1 s) and --hang-timeout 5
+SAVE_DEADLINE = 6.0  # the trainer's deadline for a snapshot's result (PROCSV_SAVE_DEADLINE): shorter than the stop
+IN_FLIGHT_SECS = 2.5  # after the second commit: the third (1 s later) held, its snapshot in flight since
 
 
 def _tree(root: int) -> list[psutil.Process]:
@@ -45,15 +49,29 @@ def _stop_all(root: int) -> list[psutil.Process]:
                 pass
 
 
-def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_restart(logdir, clean_weights,
+def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_restart(logdir, shared_result,
                                                                                            tmp_path):
-    fast = str(tmp_path / "fast")
-    proc = launch(logdir, "--fast-after", fast, "--steps", "1200", "--step-delay", "0.02", "--save-model-secs", "1",
-                  target=PACED, opts=("--standby", "fork", "--hang-timeout", "5"))
+    """A group (--nproc 2): TensorFlow's coordination service in its chief found every member's heartbeats 15 s old at
+    the resume and aborted the group's collectives (worker1: 'UnavailableError: ... The following tasks are unhealthy
+    (stopped sending heartbeats)', the whole group restarted) before procsv configured it
+    (trainer/group/heartbeat_bound.py)."""
+    from test_group import _clean_group_run
+
+    fast, gate = str(tmp_path / "fast"), str(tmp_path / "gate")
+    proc = launch(logdir, "--fast-after", fast, "--strategy", "multiworker", "--steps", STEPS, "--step-delay", "0.02",
+                  "--save-model-secs", "1", "--print-every-steps", "100000",
+                  target=PACED, opts=("--nproc", "2", "--standby", "fork", "--hang-timeout", "5"),
+                  env=quiet_env(PROCSV_SAVE_DEADLINE=str(SAVE_DEADLINE), PROCSV_FAULT="checkpoint:commit_stall:3",
+                                PROCSV_FAULT_GATE=gate))
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 120, what="two checkpoints")
+        # a snapshot in flight when the job is suspended: the service's third commit blocks before it writes a byte
+        # (checkpoint:commit_stall:3, until the gate exists), as a suspension reaches a commit half-way
+        service = psutil.Process(wait_role_pid(logdir, "checkpoint"))
+        time.sleep(IN_FLIGHT_SECS)
+        assert len(committed_steps(logdir)) == 2  # (the third commit is held)
         stopped = _stop_all(proc.pid)
-        assert len(stopped) >= 4  # the watchdog, the checkpoint and summary services, the trainer (and its zygote)
+        assert len(stopped) >= 5  # the watchdog, the checkpoint and summary services, the group's two members (its zygote)
         wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in stopped), 30, what="every process stopped")
         newest = max(committed_steps(logdir))
         time.sleep(STOP_SECS)  # (the suspension itself: nothing of the run runs meanwhile)
@@ -64,11 +82,19 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
         judged = ("suspended", "checkpoint_stalled", "hang_detected")
         wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in judged], 60,
                  what="a round of the watchdog's after its resume")
-        for p in rest:
+        # the checkpoint service continued last, once the trainer stepped on past its snapshot's deadline (before the
+        # fix, the trainer's first boundary after the resume found the snapshot in flight overdue, 'no result within
+        # 6.0 s' after 14.7 s, 12 s of them stopped, and the watchdog SIGKILLed the service as stalled)
+        step = (raw_status(logdir) or {}).get("step", 0)
+        for p in [p for p in rest if p.pid != service.pid] + [service]:
+            if p.pid == service.pid:
+                wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= step + 20, 60,
+                         what="the trainer's steps after the resume")
             try:
                 p.send_signal(signal.SIGCONT)
             except psutil.NoSuchProcess:
                 pass  # (killed by the watchdog meanwhile: the assertions below say so)
+        open(gate, "w").close()  # the held commit goes on
         # the watchdog's rules ran after the resume, while a checkpoint committed since (its first round after it
         # is the one that found the service stalled and the trainer hung, before the watched clock)
         wait_for(lambda: max(committed_steps(logdir)) > newest, 60, what="a checkpoint after the resume")
@@ -89,11 +115,14 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
     said = [e for e in events if e["event"] == "suspended"]
     assert len(said) == 1 and said[0]["secs"] >= STOP_SECS and said[0]["total"] == said[0]["secs"], said
     assert "this launch was stopped for" in out + err
+    # the snapshot in flight through the suspension: the trainer's wait for it (its raw clock) passed the deadline only
+    # for the stop, and the watchdog said so instead of replacing the service
+    assert "while this launch was stopped: not overdue" in out + err, err[-4000:]
     spawned = sorted(e["role"] for e in events if e["event"] == "spawned")
-    assert spawned == ["checkpoint", "summary", "trainer", "zygote"], spawned
+    assert spawned == ["checkpoint", "summary", "trainer", "worker1", "zygote"], spawned
     finished = [e for e in events if e["event"] == "finished"]
-    assert finished and finished[0]["state"] == "succeeded" and finished[0]["step"] == 1200
-    a, b = clean_weights, final_weights(logdir)
+    assert finished and finished[0]["state"] == "succeeded" and finished[0]["step"] == int(STEPS)
+    a, b = final_weights(_clean_group_run(shared_result)), final_weights(logdir)  # (an uninterrupted group's)
     assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after a suspension"

@@ -21,9 +21,10 @@ from conftest import quick_guard_env, wait_for
 from procsv.common.layout import Layout
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.multihost.agent import NodeAgent
-from procsv.watchdog.observe import attempt_began_wall
-from procsv.watchdog.rules.state import ChildView
-from procsv.watchdog.rules.unwatched import MIN_STOP_SECS, Stop, Unwatched
+from procsv.ipc.messages import SaveOverdue
+from procsv.watchdog.observe import attempt_began_wall, heard
+from procsv.watchdog.rules.state import TRAINER, ChildView, RunView
+from procsv.watchdog.rules.unwatched import MIN_STOP_SECS, Stop, Unwatched, stopped_within
 from procsv.watchdog.watchclock import WatchedClock
 
 
@@ -205,3 +206,29 @@ def test_an_agent_suspended_with_its_job_finds_node_0_not_lost_and_one_that_watc
             agent.disk.close()
     assert verdicts[0] == (0.1, None)
     assert verdicts[1][0] == 20.1 and "no heartbeat from node 0 for 20.1 s" in (verdicts[1][1] or "")
+
+
+def test_a_wait_timed_on_a_raw_clock_leaves_out_the_stops_within_it():
+    # two stops: 12 s beginning at watched 100, 3 s at watched 110; the watched time now is 115
+    stops = [Stop(100.0, 12.0), Stop(110.0, 3.0)]
+    assert stopped_within(stops, 115.0, 4.0) == 0.0  # begun after the last stop
+    assert stopped_within(stops, 115.0, 7.0) == 2.0  # begun during the last stop: its part after
+    assert stopped_within(stops, 115.0, 16.0) == 3.0  # 5 s watched, the 3 s stop, 8 of the 10 s watched before it
+    assert stopped_within(stops, 115.0, 20.0) == 5.0  # 5 watched, 3 stopped, 10 watched, the last 2 s of the first stop
+    assert stopped_within(stops, 115.0, 30.0) == 15.0  # begun as the first stop did
+    assert stopped_within(stops, 115.0, 40.0) == 15.0  # begun before both
+    assert stopped_within([], 115.0, 30.0) == 0.0
+
+
+def test_a_snapshot_overdue_only_for_the_suspension_is_no_stall():
+    """The watchdog believes a trainer's SaveOverdue unless its own stops within the wait explain it (the trainer
+    times the wait on its raw clock: a job suspended mid-commit came back with its service SIGKILLed as stalled)."""
+    view = RunView(launch_start=0.0)
+    trainer = ChildView(TRAINER, TRAINER, 1, 4242, 0.0)
+    view.children[TRAINER] = trainer
+    msg = SaveOverdue(4242, 139, 13.5, 6.0)
+    said = heard(view, msg, 200.0, stops=[Stop(198.5, 12.0)])  # 12 of the 13.5 s stopped: 1.5 s waited
+    assert not trainer.save_overdue and view.failed_saves == 0
+    assert "12.0 s of it while this launch was stopped: not overdue" in said[0].say
+    heard(view, msg, 200.0, stops=[Stop(198.5, 2.0)])  # 11.5 s waited: overdue
+    assert trainer.save_overdue and view.failed_saves == 1

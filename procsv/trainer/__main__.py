@@ -24,6 +24,7 @@ from procsv.common import bootstrap, lossyio
 from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import deathnotice, outcome
+from procsv.trainer.group import heartbeat_bound
 from procsv.trainer.standby import priority, servers
 from procsv.trainer.standby import wait as standby_wait
 
@@ -50,6 +51,7 @@ def main() -> int:
         return 2
     target, args = sys.argv[1], sys.argv[2:]
     ctx = bootstrap.ChildContext.from_config(config)
+    heartbeat_bound.configure(config.place)  # a group's: a suspension of the job is no member's death
     is_path = target.endswith(".py") or os.sep in target
     sys.argv = [os.path.abspath(target) if is_path else target, *args]
     try:

@@ -276,7 +276,8 @@ class Watchdog:
             elif isinstance(msg, MemberEnded) and self.ex.remote is not None:
                 self.ex.remote.ended(msg.slot, msg.attempt, msg.pid, msg.code, self.wall(), msg.signalled)
             elif isinstance(msg, Relayed) and payload:
-                self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot))
+                self.out.record(observe.heard(self.view, payload[0], self.clock(), slot=msg.slot,
+                                                              stops=self.clock.stops))
             elif isinstance(msg, StacksTaken) and self.ex.remote is not None:
                 self.ex.remote.stacks.answered(node, msg)
             elif isinstance(msg, MemberLooked):
@@ -408,7 +409,7 @@ class Watchdog:
             known = {c.pid for c in self.view.children.values() if c.pid}
             if self.ex.forks and self.ex.zygote is not None and getattr(got.msg, "pid", 0) not in known:
                 self._on_zygote()  # a forked sender runs only once the zygote's answer naming it is written
-            self.out.record(observe.heard(self.view, got.msg, self.clock()))
+            self.out.record(observe.heard(self.view, got.msg, self.clock(), stops=self.clock.stops))
             if self.pipes.audits is not None:
                 self.pipes.audits.heard(got.msg)  # (after the view took it: a commit's rollback bound first)
             self.out.changed()

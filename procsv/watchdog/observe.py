@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from procsv.ipc.messages import (Busy, GroupCopyHeld, GroupCopyRefused, Hello, MemberLooked, Message, NodeHello, NonfiniteDetected, Progress,
                                  RolledBack, SaveOverdue, SaveResult, ServiceLoading, SpikeDetected, SpikeReplayed,
@@ -27,7 +27,7 @@ from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, w
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
 from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
-from procsv.watchdog.rules.unwatched import Stop
+from procsv.watchdog.rules.unwatched import Stop, stopped_within
 from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
 
@@ -46,9 +46,11 @@ def spawned(view: RunView, slot: str, role: str, attempt: int, pid: int, now: fl
     return [Report(Event.SPAWNED, {"role": name, "attempt": attempt, "pid": pid, "via": via})]
 
 
-def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -> list[Report]:
+def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None,
+          stops: Sequence[Stop] = ()) -> list[Report]:
     """A message from a child (stale ones, from an attempt that is not current, change nothing).
-    ``slot``: relayed by another host's agent for that member (pids of hosts may coincide)."""
+    ``slot``: relayed by another host's agent for that member (pids of hosts may coincide). ``stops``: the watchdog's
+    clock's (its process stopped with the job): a wait a child timed on its raw clock leaves them out here."""
     if isinstance(msg, Hello):
         child = view.children.get(msg.slot or msg.role)
         if child is not None and child.pid == msg.pid and child.state == ProcState.STARTING:
@@ -66,9 +68,9 @@ def heard(view: RunView, msg: Message, now: float, slot: Optional[str] = None) -
     if isinstance(msg, (GroupCopyHeld, GroupCopyRefused)):  # a group's progress (rules/group.py), or a peer copy refused
         return copy_held(view, msg.rank, msg.attempt, msg.step) if isinstance(msg, GroupCopyHeld) else [Report(Event.GROUP_COPY_REFUSED, dict(vars(msg)))]
     if isinstance(msg, SaveOverdue):
-        return _overdue(view, msg)
+        return _overdue(view, msg, now, stops)
     if isinstance(msg, SummaryOverdue):
-        return _summary_overdue(view, msg, now)
+        return _summary_overdue(view, msg, now, stops)
     if isinstance(msg, (NonfiniteDetected, RolledBack, StepSkipped)):
         return _nonfinite(view, msg, slot, now)
     if isinstance(msg, (SpikeDetected, SpikeReplayed)):
@@ -294,26 +296,33 @@ def _loading(view: RunView, msg: ServiceLoading, now: float) -> list[Report]:
                        "need it); its stall window counts from now")]
 
 
-def _overdue(view: RunView, msg: SaveOverdue) -> list[Report]:
+def _overdue(view: RunView, msg: SaveOverdue, now: float, stops: Sequence[Stop] = ()) -> list[Report]:
     """The trainer gave up waiting for a snapshot's result: the checkpoint service is stuck (rule 7).
     Also while the service says it is loading what that commit needs: a load that makes progress
     sends the trainer CommitLoading (slow, not dead: no SaveOverdue), so one comes only from a load
-    that stopped (SIGSTOP, a deadlocked import, a stalled filesystem)."""
+    that stopped (SIGSTOP, a deadlocked import, a stalled filesystem). Not when the job's suspension
+    explains the wait: the trainer times it on its raw clock, and without the seconds the watchdog was
+    stopped with it (``stops``) it is within the deadline (said; the service's stall window still applies)."""
     child = _trainer(view, msg.pid)
     if child is None:
         return []
+    if _suspended_wait(msg.waited_secs, msg.deadline_secs, now, stops):
+        return [_not_overdue(f"the snapshot of step {msg.step}", msg.waited_secs, now, stops)]
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")
     view.failed_saves += 1
     return []
 
 
-def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Report]:
+def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float, stops: Sequence[Stop] = ()) -> list[Report]:
     """The summary service confirmed none of the trainer's batches within the deadline. Only about
     a summary service that has run for a whole deadline since its Hello (the batch may have gone to the one
-    before, whose replacement asks for it again within a heartbeat of its start)."""
+    before, whose replacement asks for it again within a heartbeat of its start), and whose wait the job's
+    suspension does not explain (as :func:`_overdue`)."""
     if _trainer(view, msg.pid) is None:
         return []
+    if _suspended_wait(msg.waited_secs, msg.deadline_secs, now, stops):
+        return [_not_overdue(f"the summaries of step {msg.step}", msg.waited_secs, now, stops)]
     service = view.children.get(SUMMARY)
     if service is None or service.state != ProcState.RUNNING or service.running_at is None \
             or now - service.running_at < msg.deadline_secs:
@@ -322,6 +331,17 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float) -> list[Rep
                             f"(waited {msg.waited_secs:.1f} s)")
     view.summary_overdue_for = service.attempt
     return []
+
+
+def _suspended_wait(waited: float, deadline: float, now: float, stops: Sequence[Stop]) -> bool:
+    """A child's wait of ``waited`` seconds (its raw clock) passed its ``deadline`` only for the watchdog's stops in
+    it (the job suspended: the child, stopped too, could not be answered meanwhile)."""
+    return waited - stopped_within(stops, now, waited) < deadline
+
+
+def _not_overdue(what: str, waited: float, now: float, stops: Sequence[Stop]) -> Report:
+    return Report(say=f"procsv: {what} waited {waited:.1f} s for its answer, {stopped_within(stops, now, waited):.1f} s "
+                      "of it while this launch was stopped: not overdue")
 
 
 def attempt_began_wall(child: ChildView, launch_wall: float, wall_now: float, clock_now: float,
@@ -453,8 +473,9 @@ def zygote_changed(view: RunView, state: ZygoteState, pid: int, import_secs: flo
 
 
 def _role(child: ChildView) -> str:
-    """The role records name: a group's worker (a standby group's member) by its task, ``worker1`` (``standby1``)."""
-    return child.slot if child.role in (WORKER, STANDBY) else child.role
+    """The role records name: a group's worker (a standby group's member, a group's auditor) by its task, ``worker1``
+    (``standby1``, ``auditor1``), as its ``spawned`` record does."""
+    return child.slot if child.role in (WORKER, STANDBY, AUDITOR) else child.role
 
 
 def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:

@@ -70,6 +70,11 @@ class WatchedClock:
         """The seconds of every stop subtracted so far."""
         return self._state.subtracted
 
+    @property
+    def stops(self) -> tuple[Stop, ...]:
+        """The stops subtracted so far (the newest :data:`~procsv.watchdog.rules.unwatched.STOPS_KEPT`), oldest first."""
+        return tuple(self._state.stops)
+
     def unwatched_since(self, at: float) -> float:
         """:meth:`Unwatched.unwatched_since`: the stopped seconds since watched time ``at``."""
         return self._state.unwatched_since(at)

@@ -119,8 +119,8 @@ class Auditors:
             return
         members = self._members()
         child = members[0] if members else None  # the replay's chief: its answer is the replay's
-        if self.running is not None and not self.answered:
-            self._ended(members)
+        if self.running is not None and not (self.answered or self.dead):  # (a replay dies once, whatever its
+            self._ended(members)                                              # members' reaps take)
         if self.running is not None and (self.answered or self.dead) and not any(c.live for c in members):
             self.running, self.hung, self.dead = None, None, False
         self._hold()
@@ -285,6 +285,12 @@ class Auditors:
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
         if rb is None:
+            if judged.verdict == Verdict.TRIAL and not self.view.finishing:  # (no group running: none rolled back)
+                self.book.untried()
+                self.report([Report(say=f"procsv: audit: no trainer group is running to roll back on trial; steps "
+                                        f"{judged.interval.start}-{judged.interval.end} stay undecided until the next "
+                                        "interval it runs on", err=True)])
+                self._publish()
             return
         note_audit_rollback(self.view, rb)
         rolled_back(self.book, judged)

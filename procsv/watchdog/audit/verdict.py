@@ -277,7 +277,8 @@ class AuditBook:
         interval = Interval(last.step, step, last.path, path, resumed=fresh, session_start=last.final)
         index, self.seen = self.seen, self.seen + 1
         self.covered_steps += interval.steps
-        if sampled(index, self.mode) or (self.known.candidate is not None and not interval.resumed):
+        undecided = self.known.candidate is not None or self.known.trial is not None  # (the next interval decides)
+        if sampled(index, self.mode) or (undecided and not interval.resumed):
             queued = [*self.queue, interval]
             self.queue = waiting(queued, self.mode)
             gone = [i for i in queued if not any(j.start <= i.start and i.end <= j.end for j in self.queue)]
@@ -425,6 +426,16 @@ class AuditBook:
                                   f"procsv: audit: the trainer{' group' if self.group else ''} on host {{host}} computed {span} wrongly (two replays "
                                   f"agree with each other, not with its checkpoint; differing: {names}{why}): {back}",
                                   made))
+
+    def untried(self) -> None:
+        """The trial's rollback could not be made (no group running: between two attempts): nothing was rolled back,
+        so its candidate waits again, undecided. The next interval the group runs on decides as it would have before
+        the trial (the group restarted whole from the chief's checkpoint, consistent again): it matches, a trainer
+        verdict on the candidate with a rollback of its own; before, the trial stayed and that match confirmed it as
+        'rolled back on trial' with nothing rolled back, the wrong steps kept."""
+        trial = self.known.trial
+        if trial is not None:
+            self.known.waits(undecided=Judged(Verdict.UNDECIDED, trial.interval, trial.replays, trial.line))
 
     def ended(self) -> Optional[Judged]:
         """The trainer finished with nothing left to replay and a candidate undecided: no verdict on it (None: no

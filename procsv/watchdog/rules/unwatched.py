@@ -95,3 +95,22 @@ class Unwatched:
         """The seconds of the stops that began at watched time ``at`` or later: ``now - at`` plus this is the
         time that really passed since ``at`` (a wall time of ``at`` is ``wall_now - (now - at) - this``)."""
         return sum(s.secs for s in self.stops if s.at >= at)
+
+
+def stopped_within(stops: Sequence[Stop], now: float, secs: float) -> float:
+    """The seconds of ``stops`` (oldest first) that fell within the last ``secs`` seconds of real time before watched
+    time ``now``: of a wait another process timed on a raw monotonic clock (a trainer's deadline for a snapshot's
+    result, ``SaveOverdue.waited_secs``), the part the watchdog's process was stopped, with the job, for. Walked from
+    the newest stop back: the watched time between stops counts once, each stop its length, until ``secs`` is spent
+    (a wait that began during a stop counts that stop's part after it)."""
+    left, cursor, total = secs, now, 0.0
+    for stop in reversed(stops):
+        ran = max(0.0, cursor - stop.at)  # watched (not stopped) seconds between this stop and the later one, or now
+        if ran >= left:
+            break
+        left -= ran
+        part = min(stop.secs, left)
+        total, left, cursor = total + part, left - part, stop.at
+        if left <= 0:
+            break
+    return total
