@@ -509,6 +509,7 @@ class _Ex:
         self.pending: set[int] = set()
         self.cpu: dict[int, float] = {}  # each auditor's CPU seconds (0: it uses none)
         self.paused: list[tuple[str, int, bool]] = []
+        self.worker_cpu: dict[str, float] = {}  # a group's auditors' workers' CPU seconds, by slot (0: none used)
         self.reap_kills = False  # a Kill performed reaps its child at once (else the test says when it died)
 
     def clock(self) -> float:
@@ -531,7 +532,7 @@ class _Ex:
         self.paused.append((slot, attempt, stopped))
 
     def cpu_secs(self, slot: str, attempt: int) -> float:
-        return self.cpu.get(attempt, 0.0) if slot == AUDITOR else 0.0  # (a group's workers: none of their own)
+        return self.cpu.get(attempt, 0.0) if slot == AUDITOR else self.worker_cpu.get(slot, 0.0)
 
     def perform(self, action: object) -> None:
         self.performed.append(action)
@@ -866,3 +867,37 @@ def test_a_group_replays_one_dead_member_is_one_death_however_many_rounds_its_ch
     sim.now += RETRY_SECS
     audits.round()
     assert ex.forked == [(1, "100:200"), (2, "100:200")]
+
+
+def test_a_group_replay_with_one_member_stopped_is_hung_though_the_others_wait_using_cpu() -> None:
+    """A replay member stopped by someone else (SIGSTOP; not the duty cycle) leaves the others waiting in a collective,
+    whose threads still use CPU. Their CPU summed kept moving: the replay was never found hung, and a finished run's
+    end waited the whole END_WAIT_SECS (found by an attack, by hand). Each member is read apart: one still for
+    HUNG_SECS of let-run time makes the replay hung, named, every member killed, and a fresh group replays it."""
+    s = stillness.Stillness()
+    t = 0.0
+    assert s.heard(t, 1, [2.0, 3.0], True, ["auditor", "auditor1"]) is None
+    while t < stillness.HUNG_SECS - 1:
+        t += 1.0
+        assert s.heard(t, 1, [2.0 + 0.01 * t, 3.0], True, ["auditor", "auditor1"]) is None
+    t += 1.0
+    why = s.heard(t, 1, [2.0 + 0.01 * t, 3.0], True, ["auditor", "auditor1"])
+    assert why == "the auditors' member auditor1 used no CPU in 60 s of running (hung)", why
+
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said = _Ex(sim), []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 2, said.extend, lambda msg: None)  # type: ignore[arg-type]
+    for step in (100, 200):
+        audits.heard(SaveResult(step, SaveReason.PERIODIC, True, f"/l/model.ckpt-{step}", None, 0.1, attempt=1))
+    audits.round()
+    assert audits.running == 1
+    for _ in range(8 * int(stillness.HUNG_SECS)):  # the trainer trains: the duty cycle stops them half the time
+        sim.now += 0.5
+        ex.cpu[1] = ex.cpu.get(1, 2.0) + 0.01  # the chief waits in a collective: its threads use CPU
+        audits.round()
+        if ex.performed:
+            break
+    kills = [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)]
+    assert sorted(kills) == [(AUDITOR, 1), ("auditor1", 1)], kills
+    assert "member auditor1 used no CPU" in ex.performed[0].reason

@@ -193,7 +193,7 @@ class Auditors:
         self._publish()
 
     def _watch(self, members: list[ChildView]) -> None:
-        """Read the running replay's CPU (a group's: its members', summed) when due; SIGKILL it if
+        """Read the running replay's CPU (a group's: each member's) when due; SIGKILL it if
         :meth:`~procsv.watchdog.audit.stillness.Stillness.heard` finds it hung (its death then has its interval replayed by
         a fresh auditor, the hang its reason)."""
         now = self.ex.clock()
@@ -202,8 +202,8 @@ class Auditors:
             return
         attempt = self.running if live else None
         used = [self.ex.cpu_secs(c.slot, c.attempt) for c in live]
-        cpu = sum(u for u in used if u is not None) if live and any(u is not None for u in used) else None
-        why = self.still.heard(now, attempt, cpu, self.stopped is None)
+        cpu = [u for u in used if u is not None] if live and all(u is not None for u in used) else None
+        why = self.still.heard(now, attempt, cpu, self.stopped is None, [c.slot for c in live])
         if why is not None and attempt is not None:
             self.hung = why
             for c in live:
