@@ -384,6 +384,22 @@ def test_a_worker_still_running_once_its_stopped_chief_ended_is_killed_after_the
     assert of(sim.tick(0.3), Kill) == [Kill(W1, 1, Cause.SHUTDOWN)]  # past group_grace_secs (0.5)
 
 
+def test_a_member_stopping_for_the_runs_stop_when_its_group_breaks_is_killed_after_the_group_grace_from_the_break():
+    # SIGTERM reached node 0 and, at the same moment, node 1's host was lost: the chief, stopping in order for the
+    # run's stop, waits in a collective for the dead worker. Before: rule 11 killed only members it had signalled
+    # itself, and the chief was killed at the stop's grace (120 s by default; seen in a fresh-clone run: the launch
+    # outlived its test's 60 s in one run of three); now it gets rule 11's grace from the break
+    sim = group(2, stop_grace_secs=120.0)
+    sim.tick(1.0)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert of(sim.tick(0.01), Signal) == [Signal(TRAINER, 1, signal.SIGTERM, Cause.STOP)]
+    sim.tick(0.1)
+    sim.notices(W1)  # (a lost host's members count as dead)
+    assert not of(sim.tick(0.01), Kill)
+    assert not of(sim.tick(0.3), Kill)  # within group_grace_secs (0.5) of the break
+    assert [(k.slot, k.cause) for k in of(sim.tick(0.3), Kill)] == [(TRAINER, Cause.GROUP)]
+
+
 def test_a_standby_group_member_failing_its_shadow_run_while_the_run_finishes_is_not_a_stopping_failure():
     # a successful group run ends while its standby group runs the step on shadows: the standby chief,
     # its peers stopped, fails that run and exits EXIT_NO_SHADOW_RUN; the run's outcome is decided, and a

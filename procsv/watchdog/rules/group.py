@@ -317,8 +317,9 @@ def copy_held(view: RunView, rank: int, attempt: int, step: int) -> list[Any]:
 
 def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: float) -> list[Action]:
     """Rule 11: once a member broke the group, stop the rest (SIGTERM, SIGKILL after ``grace``;
-    ``at_once``, a standby group being ready: SIGKILL now); but nothing while a chief that exited 0
-    waits up to ``wait`` seconds for the others' own ends (:func:`awaits_own_ends`)."""
+    ``at_once``, a standby group being ready: SIGKILL now; a member already stopping for the run's stop:
+    SIGKILL ``grace`` after the break); but nothing while a chief that exited 0 waits up to ``wait`` seconds
+    for the others' own ends (:func:`awaits_own_ends`)."""
     chief = view.children.get(TRAINER)
     if chief is None or awaits_own_ends(view, chief, now, wait):
         return []
@@ -328,6 +329,7 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: 
     out: list[Action] = []
     if at_once and rolling_back(view, chief):
         at_once = False  # a rollback: the survivors say, on their way out, the first step they found non-finite
+    broke = first.ended_at if first.ended_at is not None else first.noticed_dead_at
     for m in members(view, chief):
         if m is first or not m.live or m.killed:
             continue
@@ -337,6 +339,12 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: 
         elif m.state in (ProcState.STARTING, ProcState.RUNNING) and not dead:
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace:
+            out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
+        elif m.signalled_at is None and m.stop_sent_at is not None and broke is not None and now >= broke + grace:
+            # stopping for the run's stop (rule 2's SIGTERM came first) when the group broke: its orderly stop
+            # waits for the broken member in a collective, so it gets rule 11's grace from the break, not the
+            # stop's (120 s by default; TensorFlow ends such a wait only sometimes: a host lost as node 0 was
+            # SIGTERMed left node 0 waiting in one of three runs, seen in a fresh-clone CI run)
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
     return out
 
