@@ -22,6 +22,19 @@
     also measures its own cost, interleaved within the run (``status.json``'s ``audit.cost``: the slowdown a
     running auditor caused, times the share of the time it ran), and its median is printed too.
 
+(c) False alarms (``--false-alarms``: this part alone, its own table and line), every example program that
+    the audit covers, one launch each under ``--audit every`` with checkpoints every ``--fa-interval`` steps and no
+    step delay, run until at least ``--fa-audited`` of its steps were audited (``audit`` records with verdict
+    ``match``; a launch that audited fewer is extended once by the steps missing, then counted as short): the
+    ``trainer``, ``nondeterministic`` and ``auditor`` verdicts counted (goal 0), and the steps audited. The
+    programs: the digits eager loop (alone and as a group of two on one host, ``--nproc 2``), Keras ``fit``
+    (with its ``Dropout``), the TF2 seeds (``procsv.examples.seeds.*``), the TF1 graph seeds
+    (``procsv.examples.seeds_tf1.*``: ``Supervisor`` and the ``MonitoredSession`` family; ``replicas`` needs
+    ``--ps``, which is not audited) and ``procsv.examples.supervised``'s four modes. ``--programs a,b``: those
+    only (by the table's names). One line ``false_alarm_programs=<n> false_alarms=<n> audited_steps_min=<n>
+    audited_steps_total=<n> short=<n> load=<1-min load>``; exits 1 on any false alarm, a launch that failed, or a
+    program short of ``--fa-audited``.
+
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
 throughput_ratio=<x> duty_cycle_cost=<median> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
@@ -106,6 +119,89 @@ def rate(logdir: str) -> float:
     return int(found.group(1)) / float(found.group(2))
 
 
+SEEDS = ("basic", "loop", "manual_summaries", "monitored_session", "monitored_training", "retry", "run_step_fn")
+SEEDS_TF1 = (*SEEDS, "singular_monitored")
+# (name in the table, target, launch options, the program's arguments but its length and checkpoint interval)
+FA_PROGRAMS: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("digits", "procsv.examples.digits", (), ("--save-model-secs", "100000", "--print-every-steps", "100000")),
+    ("digits-group", "procsv.examples.digits", ("--nproc", "2"),
+     ("--strategy", "multiworker", "--save-model-secs", "100000", "--print-every-steps", "100000")),
+    ("keras-fit", "procsv.examples.keras_fit", (), ()),
+    *((f"seeds.{n}", f"procsv.examples.seeds.{n}", (), ()) for n in SEEDS),
+    *((f"seeds_tf1.{n}", f"procsv.examples.seeds_tf1.{n}", (), ("--save-model-secs", "100000")) for n in SEEDS_TF1),
+    *((f"supervised.{m}", "procsv.examples.supervised", (), ("--mode", m, "--save-model-secs", "100000",
+                                                                 "--loop-secs", "1000")) for m in ("basic", "loop", "summaries", "retry")),
+)
+KERAS_BATCHES = 45  # the example fit's batches an epoch (1,438 training digits, a fifth of 1,797 held out; 32 a batch)
+
+
+def audited(evs: list[dict[str, Any]]) -> int:
+    """The steps the launch's ``match`` verdicts cover (an interval judged twice counted once)."""
+    return sum(b - a for a, b in {(int(e["start"]), int(e["end"])) for e in evs
+                                  if e["event"] == "audit" and e["verdict"] == "match"})
+
+
+def false_alarm_run(root: str, name: str, target: str, opts: tuple[str, ...], extra: tuple[str, ...], steps: int,
+                    interval: int) -> tuple[int, list[dict[str, Any]], str, list[str]]:
+    """One program under ``--audit every`` for about ``steps`` steps: (steps audited, the alarms, the outcome,
+    the lines the audit said of itself when it switched itself off)."""
+    logdir = os.path.join(root, name.replace(".", "-"))
+    if target.endswith("keras_fit"):
+        length = ("--epochs", str(math.ceil(steps / KERAS_BATCHES)), "--save-freq", str(interval))
+    else:
+        length = ("--steps", str(steps), "--save-checkpoint-steps", str(interval))
+    cmd = [sys.executable, "-m", "procsv", "launch", target, "--logdir", logdir, "--audit", "every", *opts, "--",
+           *length, *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=3600)
+    evs = events(logdir)
+    state = next((e["state"] for e in evs if e["event"] == "finished"), f"exit {done.returncode}")
+    if done.returncode != 0:
+        state = f"{state} (exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] or ''})"
+    alarms = [e for e in evs if e["event"] == "audit" and e["verdict"] in ("trainer", "nondeterministic", "auditor",
+                                                                           "trial")]
+    off = [line for line in done.stderr.splitlines() + done.stdout.splitlines()
+           if "audit" in line and ("off for" in line or "switch" in line)]
+    return audited(evs), alarms, state, off
+
+
+def false_alarms(args: argparse.Namespace) -> int:
+    """Part (c): every example program the audit covers, ``--fa-audited`` steps of each audited at least."""
+    began = time.monotonic()
+    chosen = [p for p in FA_PROGRAMS if not args.programs or p[0] in args.programs.split(",")]
+    wrong: list[str] = []
+    counted: list[int] = []
+    alarms_total = short = 0
+    print(f"{'program':<30} {'steps':>7} {'audited':>8} {'alarms':>7}  outcome")
+    with tempfile.TemporaryDirectory(prefix="procsv-bench-audit-fa-") as root:
+        for name, target, opts, extra in chosen:
+            steps = int(args.fa_audited * 1.25)
+            got, alarms, state, off = false_alarm_run(root, name, target, opts, extra, steps, args.fa_interval)
+            if got < args.fa_audited and state == "succeeded" and not alarms and not off:
+                more = steps + int((args.fa_audited - got) * 1.5)  # (the audit fell behind: run on past it)
+                got, alarms, state, off = false_alarm_run(root, name + "-again", target, opts, extra, more,
+                                                          args.fa_interval)
+                steps = more
+            counted.append(got)
+            alarms_total += len(alarms)
+            if alarms:
+                wrong.append(f"{name}: false alarm {alarms[0]}")
+            if state != "succeeded":
+                wrong.append(f"{name}: the launch ended {state}")
+            if got < args.fa_audited:
+                short += 1
+                wrong.append(f"{name}: {got} steps audited, fewer than {args.fa_audited}" +
+                             (f" (the audit said: {off[0]})" if off else ""))
+            print(f"{name:<30} {steps:>7} {got:>8} {len(alarms):>7}  {state}" + (f"; {off[0][:100]}" if off else ""),
+                  flush=True)
+    for w in wrong:
+        print(f"bench_audit: {w}", file=sys.stderr)
+    load = os.getloadavg()[0]
+    print(f"({time.monotonic() - began:.0f} s in all, load {load:.1f})")
+    print(f"false_alarm_programs={len(chosen)} false_alarms={alarms_total} audited_steps_min={min(counted, default=0)} "
+          f"audited_steps_total={sum(counted)} short={short} load={load:.1f}")
+    return 1 if wrong else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -116,7 +212,13 @@ def main() -> int:
     ap.add_argument("--rate-save-steps", type=int, default=2000, help="the throughput runs' checkpoint interval")
     ap.add_argument("--skip-faults", action="store_true", help="the throughput runs only")
     ap.add_argument("--seed", type=int, default=71)
+    ap.add_argument("--false-alarms", action="store_true", help="part (c) alone: every example program, no fault")
+    ap.add_argument("--fa-audited", type=int, default=10000, help="part (c): the steps to audit of each program")
+    ap.add_argument("--fa-interval", type=int, default=1000, help="part (c): the checkpoint interval, in steps")
+    ap.add_argument("--programs", default="", help="part (c): these programs only (comma-separated names)")
     args = ap.parse_args()
+    if args.false_alarms:
+        return false_alarms(args)
     rng = random.Random(args.seed)
     began = time.monotonic()
     wrong: list[str] = []
