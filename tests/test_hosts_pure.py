@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -401,18 +401,25 @@ def test_a_promotion_sent_down_a_connection_the_agent_replaced_is_sent_again_and
         nodes.close()
 
 
+def _agent_recording_starts(short_tmp: str, record: Callable[[Any], tuple[Any, ...]]) -> tuple[NodeAgent, list[Any]]:
+    """Node 1's agent, never connected (node 0 at 127.0.0.1:1), whose members' starts are recorded by ``record`` of
+    each pending member instead of being reported to node 0."""
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    asked: list[Any] = []
+    agent._started = lambda dealer, pending, proc: asked.append(record(pending))  # type: ignore[method-assign]
+    agent.runtime = short_tmp
+    return agent, asked
+
+
 def test_an_agent_starts_a_member_of_an_attempt_once_however_often_node_0_asks(short_tmp) -> None:
     """Node 0 sends a start again down a node's new route while it is still waited for (the first may have
     gone down a connection the agent replaced): if the first did arrive, the second starts nothing."""
     from procsv.ipc.messages import StartMembers
 
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr="127.0.0.1:1", prewarm=False))
-    asked: list[tuple[str, int]] = []
-    agent._started = lambda dealer, pending, proc: asked.append((pending.slot, pending.attempt))  # type: ignore
-    agent.runtime = short_tmp
+    agent, asked = _agent_recording_starts(short_tmp, lambda pending: (pending.slot, pending.attempt))
     try:
         start = StartMembers(3, [1, 2], ["a:1", "b:1", "b:2"], {})
         agent._start(None, start)  # type: ignore[arg-type]
@@ -439,14 +446,8 @@ def test_an_agent_starts_its_share_of_a_standby_group_and_promotes_each_member_n
     from procsv.watchdog.children import ChildProcess
     from procsv.watchdog.multihost.standbys import promote
 
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr="127.0.0.1:1", prewarm=False))
-    asked: list[tuple[str, int, str, str, str]] = []
-    agent._started = lambda dealer, pending, proc: asked.append(  # type: ignore
-        (pending.slot, pending.attempt, pending.role, os.path.basename(pending.log_path), pending.env["PROCSV_STANDBY"]))
-    agent.runtime = short_tmp
+    agent, asked = _agent_recording_starts(short_tmp, lambda pending: (
+        pending.slot, pending.attempt, pending.role, os.path.basename(pending.log_path), pending.env["PROCSV_STANDBY"]))
     waiting = subprocess.Popen([sys.executable, "-c", "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, "
                                 "[signal.SIGUSR1]); print('waiting', flush=True); signal.sigwait([signal.SIGUSR1]); "
                                 "print('woken', flush=True)"], stdout=subprocess.PIPE, text=True)
@@ -488,13 +489,7 @@ def test_an_agent_starts_a_standby_member_again_for_the_same_attempt_once_the_on
     from procsv.ipc.messages import StartMembers
     from procsv.watchdog.children import ChildProcess
 
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr="127.0.0.1:1", prewarm=False))
-    asked: list[tuple[str, int]] = []
-    agent._started = lambda dealer, pending, proc: asked.append((pending.slot, pending.attempt))  # type: ignore
-    agent.runtime = short_tmp
+    agent, asked = _agent_recording_starts(short_tmp, lambda pending: (pending.slot, pending.attempt))
     member = subprocess.Popen(["sleep", "60"])
     try:
         start = StartMembers(3, [1], ["a:1", "b:1"], {"PROCSV_STANDBY": "1"}, standby=True)
