@@ -69,6 +69,7 @@ class Auditors:
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
         self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
+        self.deferred: Optional[Judged] = None  # a trainer verdict waiting for the restart being forked to be in the view
         self._publish()
 
     def heard(self, msg: Message) -> None:
@@ -117,8 +118,12 @@ class Auditors:
         it while the run goes on (or while a finished trainer waits for it)."""
         if self.book.mode == AuditMode.OFF:
             return
+        if self.deferred is not None:  # (the restart asked of the zygote before the verdict: in the view now, or given up)
+            trainer = self.view.children.get(TRAINER)
+            if trainer is None or not self.ex.asking(TRAINER, trainer.attempt + 1):
+                judged, self.deferred = self.deferred, None
+                self._act(judged)
         members = self._members()
-        child = members[0] if members else None  # the replay's chief: its answer is the replay's
         if self.running is not None and not (self.answered or self.dead):  # (a replay dies once, whatever its
             self._ended(members)                                              # members' reaps take)
         if self.running is not None and (self.answered or self.dead) and not any(c.live for c in members):
@@ -274,10 +279,20 @@ class Auditors:
                                         "decides", err=True)])
             return
         self.report([_record(judged, self.host)])
+        self._act(judged)
+
+    def _act(self, judged: Judged) -> None:
+        """What a verdict does to the trainer (:func:`~procsv.watchdog.audit.verdict.rollback`): a running trainer is
+        killed, a finished one restarted, one that died and is not restarted yet is restarted told the bound (its
+        restart's start asked of the zygote before the verdict was told none: the verdict waits for it to be in the
+        view, then kills it as a running one, :meth:`round`)."""
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
                       finished is not None, self.view.finishing, self.view.commit_step, self.host)
+        if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
+            self.deferred = judged
+            return
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
         if blamed and self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
@@ -300,6 +315,9 @@ class Auditors:
         if rb.finished:  # it finished before the verdict: restarted from the interval's start all the same
             self.report([Report(say=f"procsv: audit: the trainer had finished; it trains again from step "
                                     f"{judged.interval.start}", err=True)])
+        elif rb.ended:  # it died before the verdict: its restart restores the interval's start, not its newest state
+            self.report([Report(say=f"procsv: audit: the trainer (attempt {rb.attempt}) had ended before the verdict; "
+                                    f"its restart trains again from step {judged.interval.start}", err=True)])
         else:
             self.ex.perform(Kill(TRAINER, rb.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
         self._hold()

@@ -589,13 +589,18 @@ def rollback(judged: Judged, attempt: Optional[int], live: bool, finished: bool,
              host: str) -> Optional[AuditRollback]:
     """What a verdict does to the trainer (``attempt``, None: none; ``live``: running; ``finished``: ended with 0,
     its end waiting for the audit), the run ``finishing`` or not, ``commit_step`` the newest step committed: a
-    trainer verdict rolls a running or finished trainer back to the interval's start (:class:`AuditRollback`);
-    anything else, or a run already finishing, rolls nothing back (None)."""
+    trainer verdict rolls the trainer back to the interval's start (:class:`AuditRollback`), a running one (killed),
+    a finished one (restarted) or one that died and is not restarted yet (:attr:`AuditRollback.ended`: nothing to
+    kill; its restart restores before the bound: a single trainer's wrong bit is in its checkpoints, so a restart
+    from its newest one would carry it on, and the next intervals, replayed from that state, would match). A
+    group's trial finding no group running rolls nothing back (:meth:`AuditBook.untried`); anything else, or a run
+    already finishing, rolls nothing back (None)."""
     before = judged.rollback_before
-    if attempt is None or not (live or finished) or finishing or before is None:
+    ended = not (live or finished)
+    if attempt is None or finishing or before is None or (ended and judged.verdict != Verdict.TRAINER):
         return None
     span = f"steps {judged.interval.start}-{judged.interval.end}"
     return AuditRollback(attempt, before, max(commit_step, judged.interval.end), finished,
                          f"audit: host {host} computed {span} wrongly" if judged.verdict == Verdict.TRAINER else
                          f"audit: the group rolled back to step {judged.interval.start} on trial ({span} and the next "
-                         "interval differ from two agreeing replays)")
+                         "interval differ from two agreeing replays)", ended)
