@@ -857,13 +857,16 @@ def test_under_audit_sampled_a_groups_trial_is_decided_by_the_next_interval_not_
     assert book.queue == []
 
 
-def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_and_none_over_hosts_or_with_ps() -> None:
+def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_or_over_hosts_and_none_with_ps_or_elastic() -> None:
+    """A group over hosts (``--nnodes 2``, 4 members in all) is replayed by a group of 4 auditors on node 0 (before:
+    none, the audit off for the launch)."""
     from procsv.watchdog.audit.auditors import replayers
 
     assert replayers(1, 1, False) == (1, None) and replayers(3, 1, False) == (3, None)
-    members, why = replayers(4, 2, False)
-    assert members == 0 and why is not None and "--nnodes 2" in why
+    assert replayers(4, 2, False) == (4, None)
     assert replayers(2, 1, True)[0] == 0
+    members, why = replayers(2, 2, False, elastic=True)  # (an interval a smaller group trained replays otherwise)
+    assert members == 0 and why is not None and "--min-nodes" in why
 
 
 def test_a_groups_replay_is_one_auditor_a_members_death_is_its_death_and_the_rest_is_killed() -> None:

@@ -33,8 +33,8 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           died, end_wait, holds, late, next_replay, pending, replayed, rollback,
-                                           rolled_back, seen, wrong_timeline)
+                                           died, end_wait, group_name, holds, late, next_replay, pending, replayed,
+                                           rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -48,14 +48,16 @@ class Auditors:
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
-                 ps: bool = False) -> None:
-        self.members, off = replayers(world, hosts, ps)
-        self.book = AuditBook(mode=AuditMode(mode), group=self.members > 1)
+                 ps: bool = False, elastic: bool = False) -> None:
+        self.members, off = replayers(world, hosts, ps, elastic)
+        self.book = AuditBook(mode=AuditMode(mode), group=self.members > 1, hosts=hosts if self.members > 1 else 1)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
         self.ex, self.view, self.report, self.tell = ex, view, report, tell
-        self.host = socket.gethostname()  # the trainer's (a single trainer runs on the watchdog's host)
+        # whom a trainer verdict names: the trainer's host (a single trainer, a group on one host: the watchdog's), or
+        # a group over hosts (the chief's checkpoint cannot tell which member computed wrongly: no host blamed)
+        self.host = socket.gethostname() if self.book.hosts == 1 else group_name(self.book.hosts)
         self.attempt = 0  # the auditors forked so far
         self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
         self.answered = False
@@ -289,12 +291,14 @@ class Auditors:
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
-                      finished is not None, self.view.finishing, self.view.commit_step, self.host)
+                      finished is not None, self.view.finishing, self.view.commit_step, self.host, self.book.hosts)
         if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
             self.deferred = judged
             return
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
-        if blamed and self.view.findings.audit_found(self.host):
+        if blamed and self.book.hosts > 1:  # (counted, no host's transient fault: none can be told)
+            self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1
+        elif blamed and self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
                                                      "limit": self.view.findings.suspect_after, "step": judged.interval.end},
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
@@ -363,14 +367,17 @@ class Auditors:
                 self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
 
 
-def replayers(world: int, hosts: int, ps: bool) -> tuple[int, Optional[str]]:
-    """The auditors one replay takes (pure): one for a single trainer; a group on one host (``--nproc N``) replays
-    as a group of N of its own (the all-reduce: every member's step needs the others'); none, with why, where this
-    slice audits nothing (a group over hosts, a ``--ps`` cluster)."""
+def replayers(world: int, hosts: int, ps: bool, elastic: bool = False) -> tuple[int, Optional[str]]:
+    """The auditors one replay takes (pure): one for a single trainer; a group (``--nproc N``, on one host or over
+    hosts: ``world`` members in all) replays as a group of ``world`` of its own on node 0, forked from its zygote with
+    a localhost ``TF_CONFIG`` (the all-reduce: every member's step needs the others'; the group's checkpoints are its
+    chief's, on node 0); none, with why, where this slice audits nothing (a ``--ps`` cluster; an elastic group, whose
+    intervals a smaller group may have trained: a replay by ``world`` members would differ from them)."""
     if ps:
         return 0, "a --ps cluster is not audited in this slice; audit off for this launch"
-    if world > 1 and hosts > 1:
-        return 0, f"a group over hosts (--nnodes {hosts}) is not audited in this slice; audit off for this launch"
+    if elastic:
+        return 0, ("an elastic group (--min-nodes) is not audited in this slice (an interval trained without a host "
+                   "replays otherwise with all of them); audit off for this launch")
     return world, None
 
 
