@@ -50,24 +50,24 @@ class Auditors:
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
                  ps: bool = False, elastic: bool = False) -> None:
         self.members, off = replayers(world, hosts, ps, elastic)
-        self.book = AuditBook(mode=AuditMode(mode), group=self.members > 1, hosts=hosts if self.members > 1 else 1)
+        self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
         self.ex, self.view, self.report, self.tell = ex, view, report, tell
         # whom a trainer verdict names: the trainer's host (a single trainer, a group on one host: the watchdog's), or
         # a group over hosts (the chief's checkpoint cannot tell which member computed wrongly: no host blamed)
-        self.host = socket.gethostname() if self.book.hosts == 1 else group_name(self.book.hosts)
+        self.host = group_name(self.book.group) if self.book.group > 1 else socket.gethostname()
         self.attempt = 0  # the auditors forked so far
         self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
         self.answered = False
         self.dead = False  # the running replay died (a member did, or its fork was given up on): its rest is killed
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
         self.quarantined: list[AuditQuarantine] = []  # the wrong timelines' checkpoints told to it (again at its Hello)
-        self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
+        self.said: set[str] = set()  # the lines said once a launch: "gave_up" (the end's wait for the last verdicts
+        # ran out), "dropped" (a hole under --audit every)
         self.end_waits = False  # a trainer that finished waits for the audit: the run's end held (judge reads it)
         self.duty = duty.DutyCycle()
-        self.said_dropped = False  # a hole under --audit every was said (once a launch)
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
         self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
@@ -190,8 +190,8 @@ class Auditors:
         gone, self.book.dropped = self.book.dropped, []
         if not gone:
             return
-        if self.book.mode == AuditMode.EVERY and not self.said_dropped:
-            self.said_dropped = True
+        if self.book.mode == AuditMode.EVERY and "dropped" not in self.said:
+            self.said.add("dropped")
             spans = ", ".join(f"{a}-{b}" for a, b in gone)
             self.report([Report(say=f"procsv: audit: the auditor cannot keep up: steps {spans} are not audited (a "
                                     "fault in them would go unseen; the auditor runs only on CPU the trainer "
@@ -252,8 +252,8 @@ class Auditors:
                 self.report([_record(undecided, self.host)])
         now = self.ex.clock()
         wait = done is not None and end_wait(self.book, done.ended_at or now, now)  # (a running trainer's end: not yet)
-        if done is not None and not wait and pending(self.book) and not self.gave_up:
-            self.gave_up = True
+        if done is not None and not wait and pending(self.book) and "gave_up" not in self.said:
+            self.said.add("gave_up")
             self.report([Report(say=f"procsv: audit: the trainer finished; its last interval(s) got no verdict "
                                     f"within {END_WAIT_SECS:g} s; the run ends unaudited past step "
                                     f"{self.book.anchor if self.book.anchor is not None else 0}", err=True)])
@@ -291,12 +291,12 @@ class Auditors:
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
-                      finished is not None, self.view.finishing, self.view.commit_step, self.host, self.book.hosts)
+                      finished is not None, self.view.finishing, self.view.commit_step, self.host, self.book.group)
         if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
             self.deferred = judged
             return
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
-        if blamed and self.book.hosts > 1:  # (counted, no host's transient fault: none can be told)
+        if blamed and self.book.group > 1:  # (counted, no host's transient fault: none can be told)
             self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1
         elif blamed and self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],

@@ -228,8 +228,9 @@ class AuditBook:
     it switched off (empty: it did not)."""
 
     mode: AuditMode = AuditMode.OFF
-    group: bool = False  # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them)
-    hosts: int = 1  # the hosts the trainer group spans (over several, a verdict names the group: no member is told)
+    # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them): the hosts the group spans
+    # (True: one; over several, a verdict names the group, no member told), 0 (False): a single trainer's
+    group: int = 0
     last: Optional[Newest] = None  # the newest commit seen
     seen: int = 0  # intervals seen
     queue: list[Interval] = field(default_factory=list)
@@ -423,8 +424,8 @@ class AuditBook:
         span = f"steps {interval.start}-{interval.end}"
         names = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
         back = f"rolled back to step {interval.start} on trial" if made else f"rolling back to step {interval.start}"
-        who = f"the trainer group over {self.hosts} hosts ({group_name(self.hosts)}: its chief's checkpoint cannot " \
-            "tell which member)" if self.hosts > 1 else f"the trainer{' group' if self.group else ''} on host {{host}}"
+        who = f"the trainer group over {self.group} hosts ({group_name(self.group)}: its chief's checkpoint cannot " \
+            "tell which member)" if self.group > 1 else f"the trainer{' group' if self.group else ''} on host {{host}}"
         return self._close(Judged(Verdict.TRAINER, interval, answers,
                                   f"procsv: audit: {who} computed {span} wrongly (two replays "
                                   f"agree with each other, not with its checkpoint; differing: {names}{why}): {back}",
