@@ -12,7 +12,7 @@ from procsv.status import audit_lines
 from procsv.watchdog import observe
 from procsv.watchdog.actionlines import restart_reports
 from procsv.common.env import AUDIT
-from procsv.ipc.messages import AuditResult, SaveReason, SaveResult
+from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveResult
 from procsv.watchdog.audit.auditors import Auditors, _record
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
                                            SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay, Verdict,
@@ -22,7 +22,7 @@ from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
 from procsv.watchdog.audit import stillness
-from procsv.watchdog.rules.actions import Cause, Finish, Kill, Restart
+from procsv.watchdog.rules.actions import Cause, Finish, Kill, Restart, Spawn
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.rules.state import AUDITOR, TRAINER, auditor_slot
 
@@ -392,13 +392,14 @@ def test_a_kind_of_program_not_audited_says_so_once_and_switches_the_audit_off()
     assert holds(book) == []  # (the intervals it had queued are not kept past max_to_keep for ever)
 
 
-def test_a_trainer_verdict_rolls_back_a_running_or_finished_trainer_and_nothing_else_does() -> None:
+def test_a_trainer_verdict_rolls_back_a_running_finished_or_dead_trainer_and_nothing_else_does() -> None:
     book = _book()
     next_replay(book, False), replayed(book, BAD), next_replay(book, False)
     trainer_fault = replayed(book, BAD)
     rb = rollback(trainer_fault, 3, True, False, False, 180, "h1")
     assert rb == AuditRollback(3, 101, 200, False, "audit: host h1 computed steps 100-200 wrongly"), rb  # stale: the end
-    assert rollback(trainer_fault, 3, False, False, False, 180, "h1") is None  # a trainer being restarted
+    dead = rollback(trainer_fault, 3, False, False, False, 180, "h1")  # a trainer being restarted: its restart is told
+    assert dead == AuditRollback(3, 101, 200, False, "audit: host h1 computed steps 100-200 wrongly", ended=True), dead
     assert rollback(trainer_fault, None, False, False, False, 180, "h1") is None  # no trainer
     assert rollback(trainer_fault, 3, True, False, True, 180, "h1") is None  # the run finishing
     book = _book(steps=(100, 200, 300))
@@ -511,6 +512,7 @@ class _Ex:
         self.paused: list[tuple[str, int, bool]] = []
         self.worker_cpu: dict[str, float] = {}  # a group's auditors' workers' CPU seconds, by slot (0: none used)
         self.reap_kills = False  # a Kill performed reaps its child at once (else the test says when it died)
+        self.trainer_forks: set[int] = set()  # the trainer attempts whose start is asked of the zygote, not answered
 
     def clock(self) -> float:
         return self.sim.now
@@ -526,7 +528,7 @@ class _Ex:
         return True
 
     def asking(self, slot: str, attempt: int) -> bool:
-        return slot == AUDITOR and attempt in self.pending
+        return (slot == AUDITOR and attempt in self.pending) or (slot == TRAINER and attempt in self.trainer_forks)
 
     def pause(self, slot: str, attempt: int, stopped: bool) -> None:
         self.paused.append((slot, attempt, stopped))
@@ -547,6 +549,59 @@ def _audited(sim: Sim, steps: tuple[int, ...]) -> tuple[Auditors, _Ex, list[Repo
     for s in steps:
         audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
     return audits, ex, said
+
+
+def _to_a_trainer_verdict_on_a_dead_trainer(forking: bool) -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
+    """Trainer attempt 1 committed 100-400, interval 100-200 matched (twice: the probe), 200-300's first replay differs;
+    the trainer crashes (its restart decided) before the second replay agrees with the first: the verdict, reached
+    with no trainer running (``forking``: its restart's start asked of the zygote, not answered yet)."""
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
+    for s in (100, 200, 300, 400):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+        sim.commit(s)
+    for answer in (GOOD, GOOD, BAD):
+        audits.round()
+        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
+        sim.dies(AUDITOR, 0)
+    audits.round()
+    assert ex.forked[-1] == (4, "200:300") and not ex.performed  # the second replay of the mismatch
+    sim.dies(TRAINER, -9)
+    assert of(sim.tick(1.0), Restart)  # its restart decided; not started yet
+    if forking:
+        ex.trainer_forks.add(2)
+    audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))
+    sim.dies(AUDITOR, 0)
+    assert [r.fields["verdict"] for r in said if r.event == Event.AUDIT][-1] == "trainer"
+    return sim, audits, ex, said, told
+
+
+def test_a_trainer_verdict_reached_while_the_trainer_is_dead_rolls_its_restart_back_and_quarantines_the_wrong_timeline(
+        ) -> None:
+    """A single trainer's wrong bit is in its checkpoints (300 and 400 hold the state 200-300 computed wrongly). The
+    verdict reached while it was dead (crashed, not restarted yet) rolled nothing back: its restart restored 400, the
+    wrong state, and the intervals after it, replayed from that state, matched; 300 and 400 stayed. Now the restart is
+    told the bound (it restores 200: rollback_before 201), 300 and 400 are quarantined, and no kill is sent (nothing
+    runs to kill). Its restart's start asked of the zygote before the verdict (told no bound) waits until it is in the
+    view, then is killed and rolled back as a running trainer is."""
+    sim, audits, ex, said, told = _to_a_trainer_verdict_on_a_dead_trainer(forking=False)
+    assert sim.view.rollback_before == (201, 400, 1) and not [a for a in ex.performed if isinstance(a, Kill)]
+    assert [(m.after, m.attempt, list(m.steps)) for m in told if isinstance(m, AuditQuarantine)] == [(200, 1, [300, 400])]
+    assert of(sim.tick(), Spawn) and sim.trainer.attempt == 2 and sim.view.rollback_before is not None  # (its resume)
+    assert sim.view.rollback_before[0] == 201 and holds(audits.book) == [200]
+    audits.heard(SaveResult(300, SaveReason.PERIODIC, True, "/l/model.ckpt-300", None, 0.1, attempt=1))  # a late one
+    assert [list(m.steps) for m in told if isinstance(m, AuditQuarantine)][-1] == [300]
+
+    sim, audits, ex, said, told = _to_a_trainer_verdict_on_a_dead_trainer(forking=True)
+    assert sim.view.rollback_before is None and not [m for m in told if isinstance(m, AuditQuarantine)]  # (waits)
+    observe.spawned(sim.view, TRAINER, TRAINER, 2, 777, sim.now, "zygote")  # the zygote's answer: attempt 2 runs
+    ex.trainer_forks.clear()
+    audits.round()
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(TRAINER, 2)]
+    assert sim.view.rollback_before == (201, 400, 2)
+    assert [(m.after, m.attempt, list(m.steps)) for m in told if isinstance(m, AuditQuarantine)] == [(200, 2, [300, 400])]
 
 
 def test_the_watchdog_replays_a_killed_auditors_interval_and_its_status_says_the_end_waits_only_once_it_does() -> None:
@@ -802,13 +857,16 @@ def test_under_audit_sampled_a_groups_trial_is_decided_by_the_next_interval_not_
     assert book.queue == []
 
 
-def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_and_none_over_hosts_or_with_ps() -> None:
+def test_a_groups_replay_takes_as_many_auditors_as_members_on_one_host_or_over_hosts_and_none_with_ps_or_elastic() -> None:
+    """A group over hosts (``--nnodes 2``, 4 members in all) is replayed by a group of 4 auditors on node 0 (before:
+    none, the audit off for the launch)."""
     from procsv.watchdog.audit.auditors import replayers
 
     assert replayers(1, 1, False) == (1, None) and replayers(3, 1, False) == (3, None)
-    members, why = replayers(4, 2, False)
-    assert members == 0 and why is not None and "--nnodes 2" in why
+    assert replayers(4, 2, False) == (4, None)
     assert replayers(2, 1, True)[0] == 0
+    members, why = replayers(2, 2, False, elastic=True)  # (an interval a smaller group trained replays otherwise)
+    assert members == 0 and why is not None and "--min-nodes" in why
 
 
 def test_a_groups_replay_is_one_auditor_a_members_death_is_its_death_and_the_rest_is_killed() -> None:

@@ -335,7 +335,7 @@ class Executor(Prewarmed):
     def fork_auditor(self, attempt: int, extra: dict[str, str], members: int = 1) -> bool:
         """Ask the zygote for auditor ``attempt`` (issue 71: a trainer process of its own role, told its interval in
         ``extra``), from the zygote only, holding no death-notice mutex; False: not asked (no zygote ready). A group's
-        (``members`` > 1, on this host): that many, a group of their own (``TF_CONFIG`` on ports free now, as a
+        (``members`` > 1, on this host: node 0's, for a group over hosts too): that many, a group of their own (``TF_CONFIG`` on ports free now, as a
         trainer group's; member R in slot :func:`~procsv.watchdog.rules.state.auditor_slot`), which replays the
         interval as the group would after a restart."""
         cluster = [f"127.0.0.1:{port}" for port in spawn.free_ports(members)] if members > 1 else []

@@ -187,7 +187,7 @@ class Watchdog:
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         pipes.audits = Auditors(self.cfg.trainer.audit, ex, self.view, self.limits.world, self.out.record,
                                 pipes.audit_link() if self.cfg.trainer.audit != "off" else lambda msg: None,
-                                self.limits.nnodes, bool(self.limits.ps))
+                                self.limits.nnodes, bool(self.limits.ps), self.limits.elastic)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
         launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/

@@ -19,7 +19,8 @@ S2. A program with no state to save answers with an error (:data:`UNSUPPORTED`).
 The replay is a restart's: S1 counts as the checkpoint restored (the agent's ``restored_from``), so Keras ``fit``
 (:mod:`procsv.trainer.keras.fit`) resumes at S1's epoch and batch with the earlier epochs' input put back, and at
 S2 what a snapshot writes first runs (:attr:`AuditReplay.prepare`: the step, ``fit``'s position) before the state
-is read. A group's replay (``--nproc N`` on one host) is N auditors, a group of their own (their own ``TF_CONFIG``):
+is read. A group's replay (``--nproc N``; over hosts, all its members' count, every one on node 0) is N auditors, a
+group of their own (their own localhost ``TF_CONFIG``):
 each restores S1 as a restarted group's member restores the checkpoint its chief pinned, they replay the interval
 together (each step's all-reduce), each reads its state at S2, and the chief alone answers (the trainer's checkpoint
 is its chief's; every member's step reaches it through the all-reduce). A session that trains nothing (a Keras ``fit`` that completed before S1) leaves the answer to the

@@ -33,8 +33,8 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           died, end_wait, holds, late, next_replay, pending, replayed, rollback,
-                                           rolled_back, seen, wrong_timeline)
+                                           died, end_wait, group_name, holds, late, next_replay, pending, replayed,
+                                           rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -48,27 +48,30 @@ class Auditors:
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
-                 ps: bool = False) -> None:
-        self.members, off = replayers(world, hosts, ps)
-        self.book = AuditBook(mode=AuditMode(mode), group=self.members > 1)
+                 ps: bool = False, elastic: bool = False) -> None:
+        self.members, off = replayers(world, hosts, ps, elastic)
+        self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
         self.ex, self.view, self.report, self.tell = ex, view, report, tell
-        self.host = socket.gethostname()  # the trainer's (a single trainer runs on the watchdog's host)
+        # whom a trainer verdict names: the trainer's host (a single trainer, a group on one host: the watchdog's), or
+        # a group over hosts (the chief's checkpoint cannot tell which member computed wrongly: no host blamed)
+        self.host = group_name(self.book.group) if self.book.group > 1 else socket.gethostname()
         self.attempt = 0  # the auditors forked so far
         self.running: Optional[int] = None  # the attempt of the auditor asked for and not ended
         self.answered = False
         self.dead = False  # the running replay died (a member did, or its fork was given up on): its rest is killed
         self.held: Optional[list[int]] = None  # the steps the checkpoint service was last told to keep
         self.quarantined: list[AuditQuarantine] = []  # the wrong timelines' checkpoints told to it (again at its Hello)
-        self.gave_up = False  # the end's wait for the last verdicts ran out (said once)
+        self.said: set[str] = set()  # the lines said once a launch: "gave_up" (the end's wait for the last verdicts
+        # ran out), "dropped" (a hole under --audit every)
         self.end_waits = False  # a trainer that finished waits for the audit: the run's end held (judge reads it)
         self.duty = duty.DutyCycle()
-        self.said_dropped = False  # a hole under --audit every was said (once a launch)
         self.stopped: Optional[int] = None  # the attempt of the auditor this duty cycle stopped (SIGSTOP)
         self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
         self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
+        self.deferred: Optional[Judged] = None  # a trainer verdict waiting for the restart being forked to be in the view
         self._publish()
 
     def heard(self, msg: Message) -> None:
@@ -117,8 +120,12 @@ class Auditors:
         it while the run goes on (or while a finished trainer waits for it)."""
         if self.book.mode == AuditMode.OFF:
             return
+        if self.deferred is not None:  # (the restart asked of the zygote before the verdict: in the view now, or given up)
+            trainer = self.view.children.get(TRAINER)
+            if trainer is None or not self.ex.asking(TRAINER, trainer.attempt + 1):
+                judged, self.deferred = self.deferred, None
+                self._act(judged)
         members = self._members()
-        child = members[0] if members else None  # the replay's chief: its answer is the replay's
         if self.running is not None and not (self.answered or self.dead):  # (a replay dies once, whatever its
             self._ended(members)                                              # members' reaps take)
         if self.running is not None and (self.answered or self.dead) and not any(c.live for c in members):
@@ -183,8 +190,8 @@ class Auditors:
         gone, self.book.dropped = self.book.dropped, []
         if not gone:
             return
-        if self.book.mode == AuditMode.EVERY and not self.said_dropped:
-            self.said_dropped = True
+        if self.book.mode == AuditMode.EVERY and "dropped" not in self.said:
+            self.said.add("dropped")
             spans = ", ".join(f"{a}-{b}" for a, b in gone)
             self.report([Report(say=f"procsv: audit: the auditor cannot keep up: steps {spans} are not audited (a "
                                     "fault in them would go unseen; the auditor runs only on CPU the trainer "
@@ -245,8 +252,8 @@ class Auditors:
                 self.report([_record(undecided, self.host)])
         now = self.ex.clock()
         wait = done is not None and end_wait(self.book, done.ended_at or now, now)  # (a running trainer's end: not yet)
-        if done is not None and not wait and pending(self.book) and not self.gave_up:
-            self.gave_up = True
+        if done is not None and not wait and pending(self.book) and "gave_up" not in self.said:
+            self.said.add("gave_up")
             self.report([Report(say=f"procsv: audit: the trainer finished; its last interval(s) got no verdict "
                                     f"within {END_WAIT_SECS:g} s; the run ends unaudited past step "
                                     f"{self.book.anchor if self.book.anchor is not None else 0}", err=True)])
@@ -274,12 +281,24 @@ class Auditors:
                                         "decides", err=True)])
             return
         self.report([_record(judged, self.host)])
+        self._act(judged)
+
+    def _act(self, judged: Judged) -> None:
+        """What a verdict does to the trainer (:func:`~procsv.watchdog.audit.verdict.rollback`): a running trainer is
+        killed, a finished one restarted, one that died and is not restarted yet is restarted told the bound (its
+        restart's start asked of the zygote before the verdict was told none: the verdict waits for it to be in the
+        view, then kills it as a running one, :meth:`round`)."""
         trainer = self.view.children.get(TRAINER)
         finished = self._finished()
         rb = rollback(judged, trainer.attempt if trainer is not None else None, trainer is not None and trainer.live,
-                      finished is not None, self.view.finishing, self.view.commit_step, self.host)
+                      finished is not None, self.view.finishing, self.view.commit_step, self.host, self.book.group)
+        if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
+            self.deferred = judged
+            return
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
-        if blamed and self.view.findings.audit_found(self.host):
+        if blamed and self.book.group > 1:  # (counted, no host's transient fault: none can be told)
+            self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1
+        elif blamed and self.view.findings.audit_found(self.host):
             self.report([Report(Event.HOST_SUSPECT, {"host": self.host, "faults": self.view.findings.transient[self.host],
                                                      "limit": self.view.findings.suspect_after, "step": judged.interval.end},
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
@@ -300,6 +319,9 @@ class Auditors:
         if rb.finished:  # it finished before the verdict: restarted from the interval's start all the same
             self.report([Report(say=f"procsv: audit: the trainer had finished; it trains again from step "
                                     f"{judged.interval.start}", err=True)])
+        elif rb.ended:  # it died before the verdict: its restart restores the interval's start, not its newest state
+            self.report([Report(say=f"procsv: audit: the trainer (attempt {rb.attempt}) had ended before the verdict; "
+                                    f"its restart trains again from step {judged.interval.start}", err=True)])
         else:
             self.ex.perform(Kill(TRAINER, rb.attempt, Cause.AUDIT, judged.line.format(host=self.host)))
         self._hold()
@@ -345,14 +367,17 @@ class Auditors:
                 self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
 
 
-def replayers(world: int, hosts: int, ps: bool) -> tuple[int, Optional[str]]:
-    """The auditors one replay takes (pure): one for a single trainer; a group on one host (``--nproc N``) replays
-    as a group of N of its own (the all-reduce: every member's step needs the others'); none, with why, where this
-    slice audits nothing (a group over hosts, a ``--ps`` cluster)."""
+def replayers(world: int, hosts: int, ps: bool, elastic: bool = False) -> tuple[int, Optional[str]]:
+    """The auditors one replay takes (pure): one for a single trainer; a group (``--nproc N``, on one host or over
+    hosts: ``world`` members in all) replays as a group of ``world`` of its own on node 0, forked from its zygote with
+    a localhost ``TF_CONFIG`` (the all-reduce: every member's step needs the others'; the group's checkpoints are its
+    chief's, on node 0); none, with why, where this slice audits nothing (a ``--ps`` cluster; an elastic group, whose
+    intervals a smaller group may have trained: a replay by ``world`` members would differ from them)."""
     if ps:
         return 0, "a --ps cluster is not audited in this slice; audit off for this launch"
-    if world > 1 and hosts > 1:
-        return 0, f"a group over hosts (--nnodes {hosts}) is not audited in this slice; audit off for this launch"
+    if elastic:
+        return 0, ("an elastic group (--min-nodes) is not audited in this slice (an interval trained without a host "
+                   "replays otherwise with all of them); audit off for this launch")
     return world, None
 
 

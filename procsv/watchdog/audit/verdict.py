@@ -29,7 +29,7 @@ the program's replay from a checkpoint is not its trainer's, and the audit switc
 (:attr:`Verdict.NONDETERMINISTIC`). A trainer that ends with a candidate undecided gets no verdict
 (:meth:`AuditBook.ended`).
 
-A group (``--nproc N`` on one host: the replay is a group of N auditors) breaks that rule's premise: its checkpoint is
+A group (``--nproc N``, on one host or over hosts: the replay is a group of as many auditors, on node 0) breaks that rule's premise: its checkpoint is
 its chief's, and a wrong bit in a worker's copy of the weights stays in that worker, outside every checkpoint, so every
 interval after it differs too (measured: a bit flipped in worker 1 in the first interval audited, the next interval
 differed as well, and the audit switched itself off, the fault taken for a program that does not replay). So in a
@@ -228,7 +228,9 @@ class AuditBook:
     it switched off (empty: it did not)."""
 
     mode: AuditMode = AuditMode.OFF
-    group: bool = False  # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them)
+    # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them): the hosts the group spans
+    # (True: one; over several, a verdict names the group, no member told), 0 (False): a single trainer's
+    group: int = 0
     last: Optional[Newest] = None  # the newest commit seen
     seen: int = 0  # intervals seen
     queue: list[Interval] = field(default_factory=list)
@@ -422,8 +424,10 @@ class AuditBook:
         span = f"steps {interval.start}-{interval.end}"
         names = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
         back = f"rolled back to step {interval.start} on trial" if made else f"rolling back to step {interval.start}"
+        who = f"the trainer group over {self.group} hosts ({group_name(self.group)}: its chief's checkpoint cannot " \
+            "tell which member)" if self.group > 1 else f"the trainer{' group' if self.group else ''} on host {{host}}"
         return self._close(Judged(Verdict.TRAINER, interval, answers,
-                                  f"procsv: audit: the trainer{' group' if self.group else ''} on host {{host}} computed {span} wrongly (two replays "
+                                  f"procsv: audit: {who} computed {span} wrongly (two replays "
                                   f"agree with each other, not with its checkpoint; differing: {names}{why}): {back}",
                                   made))
 
@@ -585,17 +589,30 @@ def wrong_timeline(book: AuditBook, judged: Judged, attempt: int, why: str) -> O
     return decided if steps else None
 
 
+def group_name(hosts: int) -> str:
+    """What a verdict on a group over ``hosts`` hosts names instead of a host (pure): its chief's checkpoint, all the
+    audit compares with, holds the all-reduced result of every member's step, not which member computed it."""
+    return f"group of nodes 0-{hosts - 1}"
+
+
 def rollback(judged: Judged, attempt: Optional[int], live: bool, finished: bool, finishing: bool, commit_step: int,
-             host: str) -> Optional[AuditRollback]:
+             host: str, hosts: int = 1) -> Optional[AuditRollback]:
     """What a verdict does to the trainer (``attempt``, None: none; ``live``: running; ``finished``: ended with 0,
     its end waiting for the audit), the run ``finishing`` or not, ``commit_step`` the newest step committed: a
-    trainer verdict rolls a running or finished trainer back to the interval's start (:class:`AuditRollback`);
-    anything else, or a run already finishing, rolls nothing back (None)."""
+    trainer verdict rolls the trainer back to the interval's start (:class:`AuditRollback`), a running one (killed),
+    a finished one (restarted) or one that died and is not restarted yet (:attr:`AuditRollback.ended`: nothing to
+    kill; its restart restores before the bound: a single trainer's wrong bit is in its checkpoints, so a restart
+    from its newest one would carry it on, and the next intervals, replayed from that state, would match). A
+    group's trial finding no group running rolls nothing back (:meth:`AuditBook.untried`); anything else, or a run
+    already finishing, rolls nothing back (None). ``host``: the trainer's; a group over ``hosts`` hosts is named as
+    the group (:func:`group_name`)."""
     before = judged.rollback_before
-    if attempt is None or not (live or finished) or finishing or before is None:
+    ended = not (live or finished)
+    if attempt is None or finishing or before is None or (ended and judged.verdict != Verdict.TRAINER):
         return None
     span = f"steps {judged.interval.start}-{judged.interval.end}"
     return AuditRollback(attempt, before, max(commit_step, judged.interval.end), finished,
-                         f"audit: host {host} computed {span} wrongly" if judged.verdict == Verdict.TRAINER else
+                         f"audit: {f'the {group_name(hosts)}' if hosts > 1 else f'host {host}'} computed {span} wrongly"
+                         if judged.verdict == Verdict.TRAINER else
                          f"audit: the group rolled back to step {judged.interval.start} on trial ({span} and the next "
-                         "interval differ from two agreeing replays)")
+                         "interval differ from two agreeing replays)", ended)

@@ -244,11 +244,13 @@ Action = Union[Spawn, Signal, TakeStacks, Kill, Restart, RestartTask, GiveUpTask
 class AuditRollback:
     """A trainer verdict acted on (:func:`procsv.watchdog.audit.verdict.rollback`): trainer ``attempt`` restores the newest state before step
     ``before``, a bound that holds until a later attempt commits past ``stale`` (the newest step committed by
-    the timeline rolled back); ``finished``: that trainer had finished (restarted, not killed); ``why``: the
-    restart's reason, as the lifecycle and ``procsv report`` say it."""
+    the timeline rolled back); ``finished``: that trainer had finished (restarted, not killed); ``ended``: it had
+    died and is not restarted yet (nothing to kill: its restart, told the bound, restores before ``before``);
+    ``why``: the restart's reason, as the lifecycle and ``procsv report`` say it."""
 
     attempt: int
     before: int
     stale: int
     finished: bool
     why: str
+    ended: bool = False
