@@ -2,7 +2,7 @@
 resume``: SIGCONT) for longer than its stall and hang limits is only stopped, not stuck: no service killed, no
 trainer restarted, and the run ends with an uninterrupted run's weights.
 
-Before the watched clock (procsv/watchdog/watchclock.py) the watchdog's first round after the resume found
+Before the watched clock (procsv/common/clock/watched.py) the watchdog's first round after the resume found
 "no checkpoint committed for 12.x s" and SIGKILLed the checkpoint service, and the trainer silent past
 ``--hang-timeout``. The clock's arithmetic and a single process stopped by real signals: test_watched_clock.py.
 """

@@ -54,6 +54,7 @@ from typing import Any, Callable, Mapping, Optional
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
 from procsv.ipc.transport import NoReply
+from procsv.common.clock.watched import stopped_since
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
@@ -448,7 +449,7 @@ class CheckpointAgent:
                 print(f"procsv: the checkpoint of step {self.commits.step} is slow: {doing} after "
                       f"{now - self.commits.since:.1f} s; waiting while it makes progress", file=sys.stderr, flush=True)
             return
-        overdue = self.commits.overdue(now)
+        overdue = self.commits.overdue(now, stopped_since(ch.clock, self.commits.since))
         ch.to_watchdog(overdue)
         self.commits.failed(overdue.step,
                             f"no result from the checkpoint service within {overdue.deadline_secs:.1f} s")

@@ -113,15 +113,16 @@ class CommitTracker:
             self.overdue_at = now + save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)
         return moved
 
-    def overdue(self, now: float) -> SaveOverdue:
+    def overdue(self, now: float, stopped: float = 0.0) -> SaveOverdue:
         """A deadline of the snapshot in flight passed at ``now``: the next is due when the wait has
         tripled (the service's replacement takes time). Returns what to tell the watchdog; the
-        caller then counts the failure (:meth:`failed`)."""
+        caller then counts the failure (:meth:`failed`). ``stopped``: the seconds the clock left out
+        of the wait (this process stopped: a suspended job), said to the watchdog."""
         assert self.step is not None
         waited = now - self.since
         deadline = save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)
         self.overdue_at = now + 2 * waited
-        return SaveOverdue(os.getpid(), self.step, waited, deadline)
+        return SaveOverdue(os.getpid(), self.step, waited, deadline, stopped)
 
     def committed(self, persist_secs: float) -> None:
         """The snapshot in flight committed, persisted in ``persist_secs``."""
