@@ -58,6 +58,12 @@ class WatchedClock:
             taken.append(self._continued.pop(0))  # (a SIGCONT handled meanwhile is appended after: taken next)
         return self._state.read(raw, taken)
 
+    def __copy__(self) -> WatchedClock:
+        return self  # (one clock per process: an object copied with its clock, a Keras callback say, keeps it)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> WatchedClock:
+        return self
+
     def watch(self, ticked: bool = False) -> None:
         """From now on SIGCONT ends a stop (the main thread only: a handler cannot be installed elsewhere, and
         a clock watched from another thread subtracts nothing), measured from the loop's last reading: the
