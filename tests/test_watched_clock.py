@@ -188,7 +188,7 @@ def test_a_ticked_clock_measures_a_stop_from_its_own_ticks_not_from_the_main_thr
     """The trainer's clock (process_clock): its main thread may read it seldom (a long step, a wait), so its loop is a
     thread that reads it every TICK_SECS and stamps each SIGCONT as delivered (the wakeup fd). A SIGCONT 1.5 s after
     the main thread's last reading subtracts nothing (a clock whose loop is the main thread took those 1.5 s for a
-    stop), and a real stop is left out with at most a tick (and the delivery) more."""
+    stop), and a real stop (1.5 s) is left out with at most a tick (and the delivery) more."""
     proc = subprocess.Popen([sys.executable, "-c", TICKED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=quick_guard_env())
     assert proc.stdout is not None and proc.stdin is not None
@@ -207,11 +207,11 @@ def test_a_ticked_clock_measures_a_stop_from_its_own_ticks_not_from_the_main_thr
         time.sleep(0.2)
         before, subtracted, stops = ask()
         assert (subtracted, stops) == (0.0, 0)
-        time.sleep(1.0)
+        time.sleep(0.3)
         os.kill(proc.pid, signal.SIGSTOP)
         wait_for(lambda: _stopped(proc.pid), 10, what="the process stopped")
         t0 = time.monotonic()
-        time.sleep(2.5)
+        time.sleep(1.5)
         os.kill(proc.pid, signal.SIGCONT)
         stopped = time.monotonic() - t0
         after, subtracted, stops = ask()
