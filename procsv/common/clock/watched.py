@@ -48,11 +48,15 @@ class WatchedClock:
         self._old: Any = None  # the SIGCONT handler before watch()
         self._said = 0  # the stops already handed out by new_stops
         self._ticker: Optional[_Ticker] = None  # a ticked clock's loop thread (watch(ticked=True))
+        self._high = float("-inf")  # the highest reading another thread than the loop's took
 
     def __call__(self) -> float:
         raw = self._raw()
         if threading.get_ident() != self._loop:
-            return self._state.peek(raw, list(self._continued))
+            # (a stop is measured from the loop's last reading: another thread's reading since, up to a tick later,
+            # would step back at the fold; it stays where it was instead)
+            self._high = now = max(self._high, self._state.peek(raw, list(self._continued)))
+            return now
         taken: list[float] = []
         while self._continued:
             taken.append(self._continued.pop(0))  # (a SIGCONT handled meanwhile is appended after: taken next)
