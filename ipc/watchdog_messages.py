@@ -72,13 +72,17 @@ class Progress(Message):
 class SaveOverdue(Message):
     """Trainer -> watchdog: the snapshot of ``step`` has had no :class:`SaveResult` for
     ``waited_secs``, past its deadline of ``deadline_secs`` (from the measured persist rate, with a
-    floor). Sent once per deadline that passes; the watchdog replaces the checkpoint service."""
+    floor). Sent once per deadline that passes; the watchdog replaces the checkpoint service.
+    ``waited_secs`` is on the trainer's clock, which leaves out the time its process was stopped
+    (SIGSTOP, then SIGCONT: a suspended job); ``stopped_secs``: the stops within the wait it left out
+    (0 on a clock that leaves none out: one a program injected)."""
 
     KIND: ClassVar[str] = "save_overdue"
     pid: int
     step: int
     waited_secs: float
     deadline_secs: float
+    stopped_secs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -104,13 +108,14 @@ class SummaryOverdue(Message):
     :class:`SummaryAck` confirmed one since the oldest was sent or the last one was confirmed. Sent
     once per deadline that passes, then when the wait has tripled; the watchdog replaces the
     summary service (a live but stuck one: SIGSTOP, a hung disk), whose successor asks for what
-    was not written."""
+    was not written. ``waited_secs`` and ``stopped_secs``: as :class:`SaveOverdue`'s."""
 
     KIND: ClassVar[str] = "summary_overdue"
     pid: int
     step: int
     waited_secs: float
     deadline_secs: float
+    stopped_secs: float = 0.0
 
 
 @dataclass(frozen=True)

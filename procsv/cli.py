@@ -317,7 +317,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         from procsv.watchdog.publish.probes import LoopPulse
 
         signal.signal(preempt_signal, signal.SIG_IGN)  # node 0 decides the stop; it reaches this host from there
-        from procsv.watchdog.watchclock import WatchedClock
+        from procsv.common.clock.watched import WatchedClock
 
         clock = WatchedClock()  # the agent's: without the time it was stopped (its probes answer from it too)
         pulse = LoopPulse(clock)  # what the agent's loop stamps; its probes answer from it

@@ -86,7 +86,7 @@ SAMPLES: list[tuple[str, m.Message, list]] = [
                      persist_secs=0.0),
         [],
     ),
-    ("save-overdue", m.SaveOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
+    ("save-overdue", m.SaveOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0, stopped_secs=12.1), []),
     ("summary-overdue", m.SummaryOverdue(pid=4242, step=1500, waited_secs=31.5, deadline_secs=30.0), []),
     (
         "save-data-memory",

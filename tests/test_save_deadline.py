@@ -44,3 +44,23 @@ def test_a_commit_that_keeps_writing_past_its_deadline_gets_another_and_one_that
     assert t.progressing(0, now=100.0) and t.overdue_at == 130.0  # its files renamed into place: still moving
     assert not t.progressing(0, now=130.0)  # then nothing for a whole deadline: overdue
     assert t.extended == 2
+
+
+def test_a_commit_the_job_was_suspended_in_measures_the_rate_on_the_trainers_wait_not_the_services_time():
+    """The service times a commit on its raw clock: a suspension mid-commit is in its persist_secs. The trainer's wait
+    from the hand-off to the answer, on its watched clock, is not: the rate is measured on the shorter."""
+    from procsv.ipc.messages import SaveReason
+    from procsv.trainer.checkpoint.commits import CommitTracker
+
+    t = CommitTracker(deadline_floor=1.0)
+    t.sent(10, SaveReason.PERIODIC, 100_000_000, now=50.0)
+    t.answered()
+    t.committed(600.5, waited=1.0)  # 0.5 s of writing, a 600 s suspension in it; answered 1.0 s (watched) after
+    assert t.persist_rate == 100e6
+    t.sent(20, SaveReason.PERIODIC, 100_000_000, now=60.0)
+    assert t.overdue_at == 60.0 + SAVE_DEADLINE_FACTOR * 1.0  # (not 6005 s: a stuck commit is still found)
+    t.answered()
+    t.committed(2.0, waited=2.5)  # a slow disk, no stop: the service's own time
+    assert t.persist_rate == 50e6
+    t.committed(4.0)  # (a caller that knows no wait)
+    assert t.persist_rate == 25e6

@@ -79,19 +79,24 @@ def test_a_waiting_message_is_reported_and_close_puts_the_handlers_back():
     push = ctx.socket(zmq.PUSH)
     push.connect("inproc://stopwake")
     before = signal.getsignal(signal.SIGTERM)
-    wake = StopWake(sock, lambda signum: None)
+    # (this worker's: a Supervisor built in it earlier watches its clock through a wakeup fd of its own)
+    worker_fd = signal.set_wakeup_fd(-1)
     try:
-        push.send(b"x")
-        assert wake.wait(LONG_MS) is True
-        assert sock.recv() == b"x"
-        assert wake.wait(0) is False
+        wake = StopWake(sock, lambda signum: None)
+        try:
+            push.send(b"x")
+            assert wake.wait(LONG_MS) is True
+            assert sock.recv() == b"x"
+            assert wake.wait(0) is False
+        finally:
+            wake.close()
+            push.close(0)
+            sock.close(0)
+            ctx.term()
+        assert signal.getsignal(signal.SIGTERM) is before
+        assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
     finally:
-        wake.close()
-        push.close(0)
-        sock.close(0)
-        ctx.term()
-    assert signal.getsignal(signal.SIGTERM) is before
-    assert signal.set_wakeup_fd(-1) == -1  # no wakeup fd left behind
+        signal.set_wakeup_fd(worker_fd)
 
 
 # ------------------------------------------ a stop signal's sender (procsv.common.stopfrom)

@@ -2,14 +2,17 @@
 resume``: SIGCONT) for longer than its stall and hang limits is only stopped, not stuck: no service killed, no
 trainer restarted, and the run ends with an uninterrupted run's weights.
 
-Before the watched clock (procsv/watchdog/watchclock.py) the watchdog's first round after the resume found
+Before the watched clock (procsv/common/clock/watched.py) the watchdog's first round after the resume found
 "no checkpoint committed for 12.x s" and SIGKILLed the checkpoint service, and the trainer silent past
-``--hang-timeout``. The clock's arithmetic and a single process stopped by real signals: test_watched_clock.py.
+``--hang-timeout``; before the trainer's clock was one too, the trainer found the snapshot in flight overdue
+("checkpoint at step 139 failed: no result from the checkpoint service within 6.0 s") and counted a failed commit.
+The clock's arithmetic and a single process stopped by real signals: test_watched_clock.py.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -82,9 +85,10 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
         judged = ("suspended", "checkpoint_stalled", "hang_detected")
         wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] in judged], 60,
                  what="a round of the watchdog's after its resume")
-        # the checkpoint service continued last, once the trainer stepped on past its snapshot's deadline (before the
-        # fix, the trainer's first boundary after the resume found the snapshot in flight overdue, 'no result within
-        # 6.0 s' after 14.7 s, 12 s of them stopped, and the watchdog SIGKILLed the service as stalled)
+        # the checkpoint service continued last, once the trainer stepped on past its snapshot's deadline on the raw
+        # clock (before the watched clock, the trainer's first boundary after the resume found the snapshot in flight
+        # overdue, 'no result within 6.0 s' after 14.7 s, 12 s of them stopped, counted a failed commit, and the
+        # watchdog SIGKILLed the service as stalled; then the watchdog forgave it, the trainer still failed it)
         step = (raw_status(logdir) or {}).get("step", 0)
         for p in [p for p in rest if p.pid != service.pid] + [service]:
             if p.pid == service.pid:
@@ -115,13 +119,18 @@ def test_a_launch_suspended_past_its_stall_and_hang_limits_is_resumed_without_a_
     said = [e for e in events if e["event"] == "suspended"]
     assert len(said) == 1 and said[0]["secs"] >= STOP_SECS and said[0]["total"] == said[0]["secs"], said
     assert "this launch was stopped for" in out + err
-    # the snapshot in flight through the suspension: the trainer's wait for it (its raw clock) passed the deadline only
-    # for the stop, and the watchdog said so instead of replacing the service
-    assert "while this launch was stopped: not overdue" in out + err, err[-4000:]
+    # the snapshot in flight through the suspension: the trainer's wait for it, on its watched clock, never passed the
+    # deadline (the stop left out): no failed commit, nothing overdue for the watchdog to forgive
+    failed = re.findall(r"checkpoint at step \d+ failed: .*", out + err)
+    assert not failed, failed
+    assert "not overdue" not in out + err, err[-4000:]
     spawned = sorted(e["role"] for e in events if e["event"] == "spawned")
     assert spawned == ["checkpoint", "summary", "trainer", "worker1", "zygote"], spawned
     finished = [e for e in events if e["event"] == "finished"]
     assert finished and finished[0]["state"] == "succeeded" and finished[0]["step"] == int(STEPS)
+    import tensorflow as tf
+
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, f"model.ckpt-{STEPS}")
     a, b = final_weights(_clean_group_run(shared_result)), final_weights(logdir)  # (an uninterrupted group's)
     assert a.keys() == b.keys() and len([k for k in a if "_trainable_variables" in k]) == 4
     for key in a:

@@ -1,4 +1,4 @@
-"""The watched clock (procsv/watchdog/rules/unwatched.py, procsv/watchdog/watchclock.py): the watchdog's and
+"""The watched clock (procsv/common/clock/unwatched.py, procsv/common/clock/watched.py): the watchdog's and
 the agents' timers leave out the time their process was stopped (SIGSTOP, then SIGCONT: Slurm's
 ``scontrol suspend``/``resume``), and only that.
 
@@ -24,8 +24,8 @@ from procsv.watchdog.multihost.agent import NodeAgent
 from procsv.ipc.messages import SaveOverdue
 from procsv.watchdog.observe import attempt_began_wall, heard
 from procsv.watchdog.rules.state import TRAINER, ChildView, RunView
-from procsv.watchdog.rules.unwatched import MIN_STOP_SECS, Stop, Unwatched, stopped_within
-from procsv.watchdog.watchclock import WatchedClock
+from procsv.common.clock.unwatched import MIN_STOP_SECS, Stop, Unwatched, stopped_within
+from procsv.common.clock.watched import TICK_SECS, WatchedClock
 
 
 def readings(u: Unwatched, series: list[tuple[str, float]]) -> list[float]:
@@ -115,7 +115,7 @@ def test_unwatched_since_gives_back_the_real_time_since_a_watched_moment():
 
 CHILD = """
 import sys, time
-from procsv.watchdog.watchclock import WatchedClock
+from procsv.common.clock.watched import WatchedClock
 clock = WatchedClock()
 clock.watch()
 print("ready", flush=True)
@@ -171,6 +171,62 @@ def test_a_real_sigstop_and_sigcont_are_left_out_and_a_bare_sigcont_is_not(clock
     # without the stop, and never negative
     assert a0 - b1 - subtracted <= after - before <= a1 - b0 - subtracted
     assert after >= before
+
+
+TICKED = """
+import sys, time
+from procsv.common.clock.watched import process_clock
+clock = process_clock()  # (a trainer's: the Supervisor's default clock, its loop a thread of its own)
+print("ready", flush=True)
+while sys.stdin.readline().strip() == "read":
+    t0 = time.monotonic()
+    watched = clock()
+    t1 = time.monotonic()
+    print(f"{watched!r} {t0!r} {t1!r}", flush=True)
+"""
+
+
+@pytest.mark.slow  # (no TensorFlow, but the stop takes seconds)
+def test_a_ticked_clock_measures_a_stop_from_its_own_ticks_not_from_the_main_threads_last_reading():
+    """The trainer's clock (process_clock): its main thread may read it seldom (a long step, a wait), so its loop is a
+    thread that reads it every TICK_SECS and stamps each SIGCONT as delivered (the wakeup fd). A SIGCONT 1.5 s after
+    the main thread's last reading leaves nothing out (a clock whose loop is the main thread took those 1.5 s for a
+    stop), and a real stop (1.5 s) is left out with at most a tick (and the delivery) more, at the main thread's first
+    reading after the SIGCONT (the loop may not have taken it yet: the reading counts it as the loop will)."""
+    proc = subprocess.Popen([sys.executable, "-c", TICKED], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=quick_guard_env())
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+
+        def left_out() -> tuple[float, float, float]:
+            """The seconds the clock left out so far: at least ``lo``, at most ``hi`` (the raw clock read just before
+            and just after the reading); and the reading."""
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write("read\n")
+            proc.stdin.flush()
+            watched, t0, t1 = map(float, proc.stdout.readline().split())
+            return t0 - watched, t1 - watched, watched
+        lo, hi, first = left_out()
+        assert lo <= 0.0 <= hi
+        time.sleep(1.5)  # (the main thread reads nothing meanwhile: it waits in readline)
+        os.kill(proc.pid, signal.SIGCONT)  # a running process continued: no stop
+        time.sleep(0.2)
+        lo, hi, before = left_out()
+        assert lo <= 0.0 <= hi
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: _stopped(proc.pid), 10, what="the process stopped")
+        t0 = time.monotonic()
+        time.sleep(1.5)
+        os.kill(proc.pid, signal.SIGCONT)
+        stopped = time.monotonic() - t0
+        lo, hi, after = left_out()
+        assert stopped <= hi and lo <= stopped + TICK_SECS + 0.5, (stopped, lo, hi)
+        assert first <= before <= after
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_an_agent_suspended_with_its_job_finds_node_0_not_lost_and_one_that_watched_node_0_silent_does(short_tmp):
@@ -232,3 +288,22 @@ def test_a_snapshot_overdue_only_for_the_suspension_is_no_stall():
     assert "12.0 s of it while this launch was stopped: not overdue" in said[0].say
     heard(view, msg, 200.0, stops=[Stop(198.5, 2.0)])  # 11.5 s waited: overdue
     assert trainer.save_overdue and view.failed_saves == 1
+
+
+def test_a_wait_whose_stop_the_trainers_clock_left_out_is_not_forgiven_twice():
+    """The trainer's clock leaves its own stops out of a wait (the watched clock, a Supervisor's default) and says how
+    many seconds (``stopped_secs``): the watchdog leaves out only what of its own stops that does not cover. A commit
+    waited 3.5 s, the job was stopped 12 s, then 3 s more: 6.5 s watched, past the 6 s deadline, is overdue (read as a
+    raw wait, 3.5 s of its last 6.5 fell in the stop: 'not overdue')."""
+    view = RunView(launch_start=0.0)
+    trainer = ChildView(TRAINER, TRAINER, 1, 4242, 0.0)
+    view.children[TRAINER] = trainer
+    stops = [Stop(197.0, 12.0)]
+    said = heard(view, SaveOverdue(4242, 139, 6.5, 6.0, stopped_secs=12.0), 200.0, stops=stops)
+    assert trainer.save_overdue and view.failed_saves == 1 and not said
+    trainer.save_overdue = None
+    said = heard(view, SaveOverdue(4242, 139, 6.5, 6.0), 200.0, stops=stops)  # a clock that left nothing out
+    assert not trainer.save_overdue and "3.5 s of it while this launch was stopped: not overdue" in said[0].say
+    # the trainer's clock left out 10 s of a 12 s stop (continued earlier than the watchdog): the other 2 s are left out
+    said = heard(view, SaveOverdue(4242, 139, 7.5, 6.0, stopped_secs=10.0), 200.0, stops=stops)
+    assert not trainer.save_overdue and "2.0 s of it while this launch was stopped: not overdue" in said[0].say

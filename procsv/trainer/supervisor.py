@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from procsv.common import bootstrap, env
+from procsv.common.clock.watched import process_clock
 from procsv.common.errors import ProcsvError
 from procsv.ipc.messages import Busy, SessionLogEvent, SessionStatus, TrainerReady
 from procsv.trainer import outcome
@@ -85,7 +86,10 @@ class Supervisor(SupervisorNames):
       scalar tags to values (the TF2 stand-in for ``summary_op``).
     * ``save_checkpoint_steps``: also checkpoint every N steps (off by default).
     * ``max_to_keep`` / ``keep_checkpoint_every_n_hours``: retention, as ``tf.train.Saver``.
-    * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one).
+    * ``clock``: the monotonic clock every timer of the step boundary reads (tests pass a fake one). Not
+      given: the process's watched clock (:func:`procsv.common.clock.watched.process_clock`), the monotonic
+      clock without the time the process was stopped (Slurm's ``scontrol suspend``): a deadline never runs
+      out for a suspension of the job.
     * ``allow_reinit``: when committed checkpoints exist but every one is corrupt, start from step 0
       (``init_fn``) instead of raising :class:`NoRestorableCheckpoint`. Not given (None): what
       ``procsv launch --allow-reinit`` says, else False. Never applies to an unreadable checkpoint.
@@ -124,7 +128,7 @@ class Supervisor(SupervisorNames):
         keep_checkpoint_every_n_hours: Optional[float] = None,
         save_checkpoint_steps: Optional[int] = None,
         summary_fn: Optional[Callable[[], Mapping[str, Any]]] = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Optional[Callable[[], float]] = None,
         allow_reinit: Optional[bool] = None,
         read_retry_secs: float = ReadRetry.total_secs,
         checkpoint_failure_limit: Optional[int] = None,
@@ -144,6 +148,7 @@ class Supervisor(SupervisorNames):
         on_nonfinite: Optional[str] = None, nonfinite_tags: Sequence[str] = ("loss",), nonfinite_ignore: Sequence[str] = (),
         on_spike: Optional[str] = None, spike_thresholds: Optional[SpikeThresholds] = None,
     ) -> None:
+        clock = process_clock() if clock is None else clock  # (not given: without the time this process was stopped)
         self._clock = clock  # every timer of the step boundary (progress, summaries, saves) reads it
         self._config = config = bootstrap.read_config()  # the launch's settings, this trainer's coordinates: once
         is_chief = resolve_is_chief(is_chief, self._ctx)

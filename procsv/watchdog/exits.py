@@ -30,7 +30,7 @@ from procsv.watchdog.endreads import READ_WAIT, EndReads, read_end, taken
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.children import ChildProcess
-from procsv.watchdog.watchclock import WatchedClock
+from procsv.common.clock.watched import WatchedClock
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.failures import Failure
 from procsv.watchdog.publish.reporting import Reporter

@@ -66,7 +66,7 @@ from procsv.watchdog.rules.lifecycle import RunState
 from procsv.watchdog.rules import group
 from procsv.watchdog.publish.metrics import MetricsServer, RunCollector
 from procsv.watchdog.publish.probes import LoopPulse
-from procsv.watchdog.watchclock import WatchedClock
+from procsv.common.clock.watched import WatchedClock
 from procsv.watchdog.multihost.nodes import NodeLink
 from procsv.watchdog.multihost.remote import RemoteMembers
 from procsv.watchdog.publish.events import Report

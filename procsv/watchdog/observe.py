@@ -27,7 +27,7 @@ from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, w
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
 from procsv.watchdog.rules.hosts import GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
-from procsv.watchdog.rules.unwatched import Stop, stopped_within
+from procsv.common.clock.unwatched import Stop, stopped_within
 from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
 
@@ -301,13 +301,14 @@ def _overdue(view: RunView, msg: SaveOverdue, now: float, stops: Sequence[Stop] 
     Also while the service says it is loading what that commit needs: a load that makes progress
     sends the trainer CommitLoading (slow, not dead: no SaveOverdue), so one comes only from a load
     that stopped (SIGSTOP, a deadlocked import, a stalled filesystem). Not when the job's suspension
-    explains the wait: the trainer times it on its raw clock, and without the seconds the watchdog was
-    stopped with it (``stops``) it is within the deadline (said; the service's stall window still applies)."""
+    explains the wait: without the seconds the watchdog was stopped with it (``stops``) that the trainer's
+    clock did not leave out already (``stopped_secs``: an injected clock leaves none out) it is within the
+    deadline (said; the service's stall window still applies)."""
     child = _trainer(view, msg.pid)
     if child is None:
         return []
-    if _suspended_wait(msg.waited_secs, msg.deadline_secs, now, stops):
-        return [_not_overdue(f"the snapshot of step {msg.step}", msg.waited_secs, now, stops)]
+    if _suspended_wait(msg.waited_secs, msg.stopped_secs, msg.deadline_secs, now, stops):
+        return [_not_overdue(f"the snapshot of step {msg.step}", msg.waited_secs, msg.stopped_secs, now, stops)]
     child.save_overdue = (f"the snapshot of step {msg.step} had no result within {msg.deadline_secs:.1f} s "
                           f"(waited {msg.waited_secs:.1f} s)")
     view.failed_saves += 1
@@ -321,8 +322,8 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float, stops: Sequ
     suspension does not explain (as :func:`_overdue`)."""
     if _trainer(view, msg.pid) is None:
         return []
-    if _suspended_wait(msg.waited_secs, msg.deadline_secs, now, stops):
-        return [_not_overdue(f"the summaries of step {msg.step}", msg.waited_secs, now, stops)]
+    if _suspended_wait(msg.waited_secs, msg.stopped_secs, msg.deadline_secs, now, stops):
+        return [_not_overdue(f"the summaries of step {msg.step}", msg.waited_secs, msg.stopped_secs, now, stops)]
     service = view.children.get(SUMMARY)
     if service is None or service.state != ProcState.RUNNING or service.running_at is None \
             or now - service.running_at < msg.deadline_secs:
@@ -333,15 +334,23 @@ def _summary_overdue(view: RunView, msg: SummaryOverdue, now: float, stops: Sequ
     return []
 
 
-def _suspended_wait(waited: float, deadline: float, now: float, stops: Sequence[Stop]) -> bool:
-    """A child's wait of ``waited`` seconds (its raw clock) passed its ``deadline`` only for the watchdog's stops in
-    it (the job suspended: the child, stopped too, could not be answered meanwhile)."""
-    return waited - stopped_within(stops, now, waited) < deadline
+def _left_out(waited: float, stopped: float, now: float, stops: Sequence[Stop]) -> float:
+    """Of a child's wait of ``waited`` seconds on its clock, which left ``stopped`` seconds of its own stops out
+    already, the seconds of the watchdog's stops in it still to leave out (the child's clock was not watched, or
+    the watchdog was stopped longer)."""
+    return max(0.0, stopped_within(stops, now, waited + stopped) - stopped)
 
 
-def _not_overdue(what: str, waited: float, now: float, stops: Sequence[Stop]) -> Report:
-    return Report(say=f"procsv: {what} waited {waited:.1f} s for its answer, {stopped_within(stops, now, waited):.1f} s "
-                      "of it while this launch was stopped: not overdue")
+def _suspended_wait(waited: float, stopped: float, deadline: float, now: float, stops: Sequence[Stop]) -> bool:
+    """A child's wait of ``waited`` seconds (its clock, without the ``stopped`` seconds it left out) passed its
+    ``deadline`` only for the watchdog's stops in it (the job suspended: the child, stopped too, could not be
+    answered meanwhile)."""
+    return waited - _left_out(waited, stopped, now, stops) < deadline
+
+
+def _not_overdue(what: str, waited: float, stopped: float, now: float, stops: Sequence[Stop]) -> Report:
+    return Report(say=f"procsv: {what} waited {waited:.1f} s for its answer, {_left_out(waited, stopped, now, stops):.1f}"
+                      " s of it while this launch was stopped: not overdue")
 
 
 def attempt_began_wall(child: ChildView, launch_wall: float, wall_now: float, clock_now: float,

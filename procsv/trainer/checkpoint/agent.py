@@ -54,6 +54,7 @@ from typing import Any, Callable, Mapping, Optional
 from procsv.ipc.messages import (Busy, CheckpointSetup, CommitLoading, Progress, RestoreSource, SaveData, SaveReason,
                                  SaveRequest, SaveResult, SnapshotHeld, GroupCopyRefused)
 from procsv.ipc.transport import NoReply
+from procsv.common.clock.watched import stopped_since
 from procsv.common.errors import CheckpointError, NonFiniteState
 from procsv.common.layout import Layout, read_json
 from procsv.common.manifests import Manifest, manifest_path
@@ -414,7 +415,7 @@ class CheckpointAgent:
 
     def _read_service(self, ch: TrainerChannels, step: int, now: float) -> None:
         """Take every message the checkpoint service has sent (without waiting)."""
-        self._note(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch))
+        self._note(ch.poll_checkpoint() if self.in_flight is not None else self.memory.poll_for_ack(ch), ch.clock)
         followed = getattr(ch, "followed", 0)  # (a stand-in for the channels has none)
         if followed != self._followed:  # node 0's restarted service: the dead one acknowledges nothing
             self._followed = followed
@@ -448,12 +449,12 @@ class CheckpointAgent:
                 print(f"procsv: the checkpoint of step {self.commits.step} is slow: {doing} after "
                       f"{now - self.commits.since:.1f} s; waiting while it makes progress", file=sys.stderr, flush=True)
             return
-        overdue = self.commits.overdue(now)
+        overdue = self.commits.overdue(now, stopped_since(ch.clock, self.commits.since))
         ch.to_watchdog(overdue)
         self.commits.failed(overdue.step,
                             f"no result from the checkpoint service within {overdue.deadline_secs:.1f} s")
 
-    def _on_result(self, msg: SaveResult) -> None:
+    def _on_result(self, msg: SaveResult, clock: Callable[[], float]) -> None:
         if msg.step != self.in_flight:
             return  # an answer to a snapshot we no longer wait for (we gave up on it)
         self.commits.answered()
@@ -466,7 +467,7 @@ class CheckpointAgent:
             self.changes.changed = True  # that newer state of the step is not on disk (or a newer one is): taken again
         if msg.ok:
             self.view.committed(msg.step)
-            self.commits.committed(msg.persist_secs)
+            self.commits.committed(msg.persist_secs, clock() - self.commits.since)
             for committed in self.hooks.committed:
                 committed(msg.step)
         elif msg.reason == SaveReason.LOST:
@@ -485,22 +486,23 @@ class CheckpointAgent:
             left = deadline - ch.clock()
             if left <= 0:
                 return False
-            self._note(ch.poll_checkpoint(timeout=min(left, READ_EVERY)))
+            self._note(ch.poll_checkpoint(timeout=min(left, READ_EVERY)), ch.clock)
         return True
 
-    def _note_one(self, msg: Any) -> None:
-        """One message that came while a wait read for another (an in-memory snapshot's acknowledgment
+    def _noting(self, ch: TrainerChannels) -> Callable[[Any], None]:
+        """What takes one message that came while a wait read for another (an in-memory snapshot's acknowledgment
         during a final commit's wait: dropped, its slot stayed spoken for until the grace ran out)."""
-        self._note([msg])
+        return lambda msg: self._note([msg], ch.clock)
 
-    def _note(self, messages: list[Any]) -> None:
+    def _note(self, messages: list[Any], clock: Callable[[], float]) -> None:
         """Fold the checkpoint service's messages in (the one way its replies reach the agent's state):
-        save requests, commit results, acknowledgments of in-memory snapshots, refusals, loading."""
+        save requests, commit results, acknowledgments of in-memory snapshots, refusals, loading. ``clock``:
+        the channels' (a commit's wait is measured on it)."""
         for msg in messages:
             if isinstance(msg, SaveRequest):
                 self.view.requested(msg.reason)
             elif isinstance(msg, SaveResult):
-                self._on_result(msg)
+                self._on_result(msg, clock)
             elif isinstance(msg, SnapshotHeld):
                 self.memory.held(msg)
             elif isinstance(msg, GroupCopyRefused):
@@ -570,10 +572,10 @@ class CheckpointAgent:
                 self.heartbeat(ch, step, now)
             try:
                 result = ch.wait_save_result(self.in_flight, min(deadline, self.commits.overdue_at, now + HEARTBEAT_EVERY),
-                                             self._note_one)
+                                             self._noting(ch))
             except NoReply:
                 continue
-            self._note([result])
+            self._note([result], ch.clock)
         return self.in_flight is None, result
 
     def wait_in_flight(self, ch: TrainerChannels, step: int, deadline: float) -> bool:
@@ -613,12 +615,12 @@ class CheckpointAgent:
                 return None
             step = self.in_flight if self.in_flight is not None else step  # the step stored in it names it
             try:
-                result = ch.wait_save_result(step, deadline, self._note_one)
+                result = ch.wait_save_result(step, deadline, self._noting(ch))
             except NoReply:
                 print(f"procsv: the {reason} checkpoint at step {step} did not commit within "
                       f"stop_grace_secs={grace_secs:g}; the previous checkpoint is kept", file=sys.stderr, flush=True)
                 return None
-            self._note([result])
+            self._note([result], ch.clock)
             # ``again`` for a newer revision of a committed step: the service has that revision already, an
             # older state (a service that died after its commit point, before its answer, or a dead trainer's
             # snapshot); the answer named it, so this state goes again as the revision above it

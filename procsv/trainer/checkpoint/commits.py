@@ -113,20 +113,25 @@ class CommitTracker:
             self.overdue_at = now + save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)
         return moved
 
-    def overdue(self, now: float) -> SaveOverdue:
+    def overdue(self, now: float, stopped: float = 0.0) -> SaveOverdue:
         """A deadline of the snapshot in flight passed at ``now``: the next is due when the wait has
         tripled (the service's replacement takes time). Returns what to tell the watchdog; the
-        caller then counts the failure (:meth:`failed`)."""
+        caller then counts the failure (:meth:`failed`). ``stopped``: the seconds the clock left out
+        of the wait (this process stopped: a suspended job), said to the watchdog."""
         assert self.step is not None
         waited = now - self.since
         deadline = save_deadline(self.nbytes, self.persist_rate, self.deadline_floor)
         self.overdue_at = now + 2 * waited
-        return SaveOverdue(os.getpid(), self.step, waited, deadline)
+        return SaveOverdue(os.getpid(), self.step, waited, deadline, stopped)
 
-    def committed(self, persist_secs: float) -> None:
-        """The snapshot in flight committed, persisted in ``persist_secs``."""
+    def committed(self, persist_secs: float, waited: Optional[float] = None) -> None:
+        """The snapshot in flight committed, persisted in ``persist_secs`` (the service's raw clock), answered
+        ``waited`` after it was sent (this process's clock, which leaves out the time it was stopped). The rate is
+        measured on the shorter: a suspension of the job mid-commit is in the service's time, not in the wait (a
+        stop of S s in a commit of t s made its rate (t + S)/t times too slow, every next deadline that much longer)."""
         self.failures_in_a_row = 0
-        self.persist_rate = measured_rate(self.persist_rate, self.nbytes, persist_secs)
+        persisted = persist_secs if waited is None or waited <= 0 else min(persist_secs, waited)
+        self.persist_rate = measured_rate(self.persist_rate, self.nbytes, persisted)
 
     def failed(self, step: int, error: Optional[str]) -> None:
         """The checkpoint of ``step`` failed (or is overdue): one more in a row, said on stderr."""

@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
+from procsv.common.clock.watched import process_clock
+
 logger = logging.getLogger("procsv.train")
 
 
@@ -96,14 +98,18 @@ class SessionManager:
         return sess, True
 
     def wait_for_session(self, master: str, config: Any = None, max_wait_secs: Optional[float] = float("inf"),
-                         sleep: Callable[[float], None] = time.sleep) -> Any:
+                         sleep: Callable[[float], None] = time.sleep,
+                         clock: Optional[Callable[[], float]] = None) -> Any:
         """A session once the model is ready (another process initializes it), trying every
-        ``recovery_wait_secs``; ``DeadlineExceededError`` after ``max_wait_secs``."""
+        ``recovery_wait_secs``; ``DeadlineExceededError`` after ``max_wait_secs`` on ``clock`` (not given: the
+        process's watched clock, without the time it was stopped: the process that initializes the model was
+        stopped with it in a suspended job)."""
         import tensorflow as tf
 
         self._target = master
         limit = float("inf") if max_wait_secs is None else max_wait_secs
-        deadline = time.monotonic() + limit
+        clock = process_clock() if clock is None else clock
+        deadline = clock() + limit
         while True:
             sess = tf.compat.v1.Session(master, graph=self._graph, config=config)
             local_ok, local_msg = self._try_run_local_init_op(sess)
@@ -116,7 +122,7 @@ class SessionManager:
                 sess.close()
             except Exception:  # (TF's _safe_close: a session that fails to close is dropped anyway)
                 pass
-            if deadline - time.monotonic() - self._recovery_wait_secs < 0:
+            if deadline - clock() - self._recovery_wait_secs < 0:
                 raise tf.errors.DeadlineExceededError(None, None,
                                                       "Session was not ready after waiting %d secs." % limit)
             logger.info("Waiting for model to be ready. Ready_for_local_init_op: %s, ready: %s", local_msg, msg)

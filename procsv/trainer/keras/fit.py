@@ -41,6 +41,7 @@ import keras
 import numpy as np
 
 from procsv.common import bootstrap
+from procsv.common.clock.watched import process_clock
 from procsv.common.errors import MismatchedCheckpoint, TrainingStopped, UsageError
 from procsv.ipc.messages import Busy
 from procsv.trainer.keras import input_position
@@ -89,7 +90,8 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     procsv's: ``save_secs`` (also checkpoint every N seconds), ``save_summaries_secs`` (batch-level
     scalars at most this often; epoch scalars at every epoch end; ``None``: epoch scalars only),
     ``max_to_keep``, ``allow_reinit``, ``on_spike`` and ``spike_thresholds`` (loss spikes: ``--on-spike``'s
-    policy, the program's own winning, and the rule's settings), ``clock`` (the monotonic clock of its timers; see
+    policy, the program's own winning, and the rule's settings), ``clock`` (the monotonic clock of its timers; not given,
+    the process's watched clock, which leaves out the time the process was stopped: see
     :class:`~procsv.trainer.supervisor.Supervisor`).
     """
 
@@ -99,7 +101,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                  save_summaries_secs: Optional[float] = 10.0, max_to_keep: int = 5,
                  allow_reinit: bool = False, replay_memory_bytes: Optional[int] = None,
                  on_spike: Optional[str] = None, spike_thresholds: Optional[SpikeThresholds] = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Optional[Callable[[], float]] = None) -> None:
         super().__init__()
         if save_freq is not False and save_freq != "epoch" and (
                 isinstance(save_freq, bool) or not isinstance(save_freq, int) or save_freq < 1):
@@ -123,7 +125,7 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
         self._settings: dict[str, Any] = dict(
             save_model_secs=save_secs, max_to_keep=max_to_keep, allow_reinit=allow_reinit, on_spike=on_spike,
             spike_thresholds=spike_thresholds)
-        self.clock = clock
+        self.clock = process_clock() if clock is None else clock
         self.sv: Optional[Supervisor] = None
         self.resumed_at: Optional[tuple[int, int]] = None  # (epoch, batch) restored, None if fresh
         self.replayed_batches = 0  # drawn without training to put the input back (whole epochs + skip)

@@ -16,6 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from procsv.common.clock.watched import is_process_clock
 from procsv.trainer.monitored import hooks as api
 from procsv.trainer.monitored.hooks import graph_mode
 
@@ -46,10 +47,10 @@ def stop_quietly(sv: Any) -> None:
 
 def clock_of(session: Any) -> Callable[[], float]:
     """The clock the hooks' timers read: a clock injected into the session's Supervisor (tests
-    inject one), else TF's (``time.time``, :func:`procsv.trainer.monitored.hooks.wall_clock`)."""
+    inject one), else (the Supervisor's default, :func:`~procsv.common.clock.watched.process_clock`) TF's (``time.time``, :func:`procsv.trainer.monitored.hooks.wall_clock`)."""
     front = front_end_of(supervisor_of(session))
     clock = front.clock if front is not None else time.monotonic
-    return api.wall_clock if clock is time.monotonic else clock
+    return api.wall_clock if clock is time.monotonic or is_process_clock(clock) else clock
 
 
 def need_global_step(hook: str) -> Any:

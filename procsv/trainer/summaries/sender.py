@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from procsv.common.clock.watched import stopped_since
 from procsv.ipc.columns import encode_columns
 from procsv.ipc.messages import Message, ProtoRef, SummaryAck, SummaryBatch, SummaryOverdue
 from procsv.trainer.summaries.buffer import BATCH_MAX, FLUSH_EVERY, Chunk, SummaryBuffer
@@ -188,7 +189,7 @@ class SummarySender:
             return
         self._overdue_at = now + 2 * waited
         self.overdue = SummaryOverdue(os.getpid(), oldest.min_step if oldest.max_step >= 0 else step, waited,
-                                      self.deadline)
+                                      self.deadline, stopped_since(self.clock, self._silent_since()))
 
     def _read(self, step: int, now: float) -> None:
         self._last_read = now

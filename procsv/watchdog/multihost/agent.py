@@ -89,7 +89,7 @@ from procsv.watchdog.multihost.nodes import host_ip
 from procsv.watchdog.multihost.probes import ProbePort
 from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
-from procsv.watchdog.watchclock import WatchedClock
+from procsv.common.clock.watched import WatchedClock
 
 TICK = 0.05
 HOLDER_WAIT_SECS = 5.0  # a relaunched master: node 1 joins once its holder handed its copies back, or this long after

@@ -16,7 +16,7 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   it dropped; before, a blip of 0.15-0.25 s was a loss and a group restart). A slow agent
   (stopped, starved of CPU, blocked) is not: its host's kernel still completes the handshake, so only
   the bound applies to it, ``node_timeout`` (``--node-timeout``) seconds without a beat, whatever the
-  probes say, on node 0's watched clock (:mod:`procsv.watchdog.rules.unwatched`: a time node 0 was stopped, SIGSTOP
+  probes say, on node 0's watched clock (:mod:`procsv.common.clock.unwatched`: a time node 0 was stopped, SIGSTOP
   then SIGCONT, is left out; before, its first round after a SIGSTOP of 20 s decided before the beats queued meanwhile
   were read and found a host that beat all along lost "for 20 s", about one run in two), and counted from node 0's own
   resumption when its loop stalled without a stop since the host's last beat (blocked or descheduled

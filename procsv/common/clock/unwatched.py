@@ -1,9 +1,10 @@
 """The watched clock's arithmetic: the time a process watched, without the time it was stopped.
 
-Runs in the watchdog (node 0's, and every launch's) and in each other host's agent, inside their
-:class:`~procsv.watchdog.watchclock.WatchedClock`. Pure: every reading of the raw monotonic clock, and
-the raw time of every SIGCONT the process handled, is passed in; nothing here reads a clock or
-installs a handler.
+Runs in every process that watches its clock (the watchdog, node 0's and every launch's; each other
+host's agent; the trainer), inside its :class:`~procsv.common.clock.watched.WatchedClock`, and in the
+watchdog's judgement of a child's wait (:func:`stopped_within`). Pure: every reading of the raw monotonic
+clock, and the raw time of every SIGCONT the process handled, is passed in; nothing here reads a clock
+or installs a handler.
 
 Slurm's ``scontrol suspend`` SIGSTOPs every process of a job and ``scontrol resume`` SIGCONTs them
 (a shell's job control and a debugger do the same to one process): a timer on the raw monotonic
