@@ -202,9 +202,11 @@ def launch_and_kill_once(logdir: str, example: str) -> tuple[int, str, str]:
     """Launch the procsv example, SIGKILL its trainer once a checkpoint past step 0 committed, wait
     for the end. A launch that ends before any such checkpoint is reported at once. No hot standby
     (``--standby fork``: the restart forks the pre-warmed trainer): no test here is about the standby, and
-    the one a default launch prepares after the promotion waited unused to the end (0.3-0.6 CPU-s a launch)."""
-    proc = launch(logdir, "--logdir", logdir, *COMMON, *EXAMPLES[example], target=f"{PACKAGE}.{example}",
-                  opts=("--standby", "fork"))
+    the one a default launch prepares after the promotion waited unused to the end (0.3-0.6 CPU-s a launch). The
+    program is given no ``--logdir`` of its own, as each example's docstring says to run it (its flag's default,
+    None, is the launch's logdir): before, every run here passed it, and three of the examples (their hooks given
+    ``FLAGS.logdir``) failed at their start when run as documented."""
+    proc = launch(logdir, *COMMON, *EXAMPLES[example], target=f"{PACKAGE}.{example}", opts=("--standby", "fork"))
     try:
         wait_for(lambda: proc.poll() is not None or [s for s in committed_steps(logdir) if s > 0], 120,
                  what="a committed checkpoint")

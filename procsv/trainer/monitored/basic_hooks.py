@@ -175,7 +175,7 @@ class CheckpointSaverHook(SessionRunHook):
     def begin(self) -> None:
         self._gs = need_global_step("CheckpointSaverHook") if graph_mode() else None
         self._plain = None
-        if self._gs is not None:
+        if self._gs is not None and self._checkpoint_dir is not None:  # (None: the session's logdir, a procsv one's)
             self._plain = PlainSaving(self._checkpoint_dir, self._basename, self._timer, self._saver, self._scaffold,
                                       self._listeners, self._save_graph_def, global_step_fetch("CheckpointSaverHook"))
             self._plain.steps_per_run = self._steps_per_run
@@ -191,6 +191,9 @@ class CheckpointSaverHook(SessionRunHook):
         if plain is not None:
             plain.after_create_session(session)
             return
+        if self._gs is not None and supervisor_of(session) is None:  # (a plain graph session, no folder to save in)
+            raise ValueError("CheckpointSaverHook: checkpoint_dir is None and the session is not procsv's (whose logdir "
+                             "it would save in): pass checkpoint_dir")
         self._session = session
         warn_if_not_logdir("CheckpointSaverHook", self._checkpoint_dir, session)
         sv = supervisor_of(session)
