@@ -172,26 +172,6 @@ def test_a_host_up_whose_agent_died_answers_with_a_reset_and_is_found_lost_at_on
     assert found is not None and not found[1].reset and found[0] > 8.9, found
 
 
-def test_a_starved_agent_whose_port_answers_one_probe_with_a_reset_is_not_lost_and_a_dead_one_still_is() -> None:
-    """The agent starved of CPU (four CPU hogs on 2 cores: beats 0.45 s late every 3 s), its port listening: one probe
-    of each late spell answered with a reset, the others with a handshake. Before, that one reset found it gone (once
-    in 30 minutes of bench_host_loss.py's CPU-hog run: "answered a probe with a reset", the agent alive). Now a reset
-    must come again, with no handshake between; a dead agent's port resets every probe and is found as soon."""
-    beats = [t for t in steady(0.0, 60.0) if not any(k * 3.0 + 1.0 <= t < k * 3.0 + 1.45 for k in range(20))]
-    first_probe: dict[int, float] = {}
-
-    def one_reset(t: float) -> bool:
-        k = int(t // 3.0)
-        first_probe.setdefault(k, t) if k * 3.0 + 1.0 <= t < k * 3.0 + 1.45 else None
-        return first_probe.get(k) != t
-
-    for tick in (0.02, 0.1):
-        first_probe.clear()
-        assert run(beats, one_reset, until=60, tick=tick, node_timeout=4.0) is None, tick
-        found = run(steady(0.0, 5.0), lambda t: True if t < 5.0 else False, until=30, node_timeout=4.0, tick=tick)
-        assert found is not None and found[1].reset and found[0] - 5.0 <= 0.5, found
-
-
 def test_the_suspicion_bound_adapts_to_the_gaps_within_its_floor_and_cap() -> None:
     """Steady beats: probed past the floor (two beats missed); beats late often: later, never past the
     cap (what keeps the half second). Phi at the bound: about 4.5 (the mean plus 4 deviations), more at the

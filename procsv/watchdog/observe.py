@@ -495,7 +495,7 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
         node.gaps = [*node.gaps[1 - GAPS_KEPT:], now - node.last_beat]
     if msg.probe != node.probe:
         node.probe, node.probe_ok = msg.probe, False  # (a new agent: its port is proven again)
-    node.unanswered, node.resets = [], []
+    node.unanswered, node.reset_at = [], None
     node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
         list(msg.live), now
     kept = None if back else node.ready_at  # (a new agent: its own pre-warmed trainer)
@@ -538,14 +538,12 @@ def probes_looked(view: RunView, looked_at: float, answers: list[tuple[int, floa
     ``(node, sent, handshake)`` (the probe sent at ``sent`` answered: ``handshake``, its agent's port accepted;
     else a reset: the host is up, its agent's port closed). A probe still out then went unanswered at least
     ``looked_at`` minus its send: what rule 12 counts, whenever node 0 decides after."""
-    for node, sent, handshake in sorted(answers, key=lambda a: a[1]):
+    for node, sent, handshake in answers:
         n = view.nodes[node]
         n.unanswered = [s for s in n.unanswered if s > sent]
         n.probe_ok = n.probe_ok or handshake
-        if handshake and n.resets and sent > n.resets[-1]:  # (its port listens after all)
-            n.resets = []
         if not handshake and n.last_beat is not None and sent > n.last_beat:  # (no agent listens since its last beat)
-            n.resets.append(sent)
+            n.reset_at = sent
     for n in view.nodes.values():
         n.looked_at = looked_at
 

@@ -47,7 +47,7 @@ def master_beat(master: NodeView, now: float) -> NodeView:
     healed = (now, now - master.unanswered[0]) if master.lost_at is not None and master.unanswered \
         and master.looked_at is not None and master.looked_at - master.unanswered[0] >= PROBE_WINDOW \
         and _since_healed(master.healed_at, master.unanswered[0]) else (master.healed_at, master.healed_after)
-    return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], resets=[],
+    return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None,
                                healed_at=healed[0], healed_after=healed[1])
 
 
@@ -58,7 +58,7 @@ def master_heard(master: NodeView, now: float) -> NodeView:
     the members it had just started as a stale group's. A connected master's view is left as it is."""
     if master.lost_at is None:
         return master
-    return dataclasses.replace(master, last_beat=now, lost_at=None, unanswered=[], resets=[])
+    return dataclasses.replace(master, last_beat=now, lost_at=None, unanswered=[], reset_at=None)
 
 
 def master_probe_sent(master: NodeView, sent: float) -> NodeView:

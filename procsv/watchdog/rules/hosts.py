@@ -62,7 +62,6 @@ PROBE_WINDOW = 0.1  # ... and lost once a probe went unanswered this long at a l
 BLIP_SECS = 0.4
 PROBE_RTT = 0.05  # a probe out this long at a look counts as unanswered (a LAN's round trip: under a millisecond)
 PROBES_MIN = 2
-RESETS_GONE = 2  # probes answered with a reset in a row that find a host's agent gone (agent_gone)
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
 PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
 OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watched time): blocked or descheduled, not watching
@@ -159,13 +158,10 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
 
 
 def agent_gone(n: NodeView, now: float) -> bool:
-    """Whether a suspected host answered ``RESETS_GONE`` probes sent since its agent's last beat with a reset, and
-    none with a handshake since: its host is up and no agent listens on its probe port (the agent died, or exited; a
-    port proven once by a handshake, so not a firewall's reset), and its members died with it (their parent-death
-    signal). One reset is not enough: an agent starved of CPU beside four CPU hogs was found gone once in 30 minutes
-    by one reset, alive and listening (the cause not caught; one candidate: a SYN that meets a request of the same ports
-    still held is answered with a reset); a dead agent's port resets every probe, the second 50 ms after the first."""
-    return n.probe_ok and len(n.resets) >= RESETS_GONE and suspected(n, now)
+    """Whether a suspected host answered a probe sent since its agent's last beat with a reset: its host is up
+    and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
+    not a firewall's reset), and its members died with it (their parent-death signal)."""
+    return n.probe_ok and n.reset_at is not None and suspected(n, now)
 
 
 def stale_members(n: NodeView) -> list[tuple[str, int]]:

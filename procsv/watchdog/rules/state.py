@@ -291,9 +291,7 @@ class NodeView:
     # sent at s covers every probe sent up to s: the host was up after s)
     unanswered: list[float] = field(default_factory=list)
     looked_at: Optional[float] = None  # when node 0 last looked for the answers (its clock before it looked)
-    # the sends of the probes sent since its last beat that its host answered with a reset, none answered with a
-    # handshake since
-    resets: list[float] = field(default_factory=list)
+    reset_at: Optional[float] = None  # the send of a probe sent since its last beat that its host answered with a reset
     # (an agent's view of its master only) when its address answered a handshake again after answering none for
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
     healed_at: Optional[float] = None
