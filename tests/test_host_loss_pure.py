@@ -14,9 +14,9 @@ from typing import Callable, Optional
 
 from procsv.ipc.messages import NodeHello
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import NodeLost
-from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, SUSPECT_CAP, SUSPECT_FLOOR, host_actions, phi,
-                                         probes_due, suspect_after)
+from procsv.watchdog.rules.actions import NodeLost, StartsDropped
+from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, START_ANSWER_SECS, SUSPECT_CAP, SUSPECT_FLOOR,
+                                         host_actions, phi, probes_due, start_bound, suspect_after)
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
@@ -270,3 +270,63 @@ def test_a_lost_host_whose_agent_still_runs_the_broken_groups_members_has_them_k
     (joined,) = observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], live=[], probe=f"{HOST}:4100"),
                                    2.6)
     assert joined.fields["node"] == 1 and view.nodes[1].lost_at is None and stale_members(view.nodes[1]) == []
+
+
+def _asked_run(answered_at: Optional[float], until: float, node_timeout: float = 4.0) -> Optional[tuple[float, NodeLost]]:
+    """A host beating steadily every 0.1 s from 0, asked for worker1 (attempt 2) at 1.0 and answering at
+    ``answered_at`` (None: never); node 0's rounds every 0.1 s until ``until``; the first host loss decided."""
+    view = RunView(launch_start=0.0)
+    limits = Limits(nnodes=2, node_timeout=node_timeout)
+    for i in range(int(until / 0.1) + 1):
+        now = round(i * 0.1, 6)
+        observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=f"{HOST}:4100"), now)
+        if abs(now - 1.0) < 1e-9:
+            observe.starts_waiting(view, 1, now, ["worker1.2"])
+        if answered_at is not None and abs(now - answered_at) < 1e-9:
+            observe.starts_waiting(view, 1, None, [])
+        lost = [a for a in host_actions(view, now, limits) if isinstance(a, NodeLost)]
+        if lost:
+            return now, lost[0]
+    return None
+
+
+def test_a_start_a_beating_agent_never_answers_loses_its_host_once_the_bound_passes():
+    """Rule 12: node 0 asked node 1 for worker1 at 1.0 s and no MemberStarted came while the agent beat on: the host
+    is lost just past ``START_ANSWER_SECS`` + --node-timeout (14 s with 4), by the start, not by a silence (its beats
+    on time). Before, nothing bounded the wait: node 0's view stayed forking, no restart and no stop came."""
+    found = _asked_run(None, 30.0)
+    assert found is not None
+    at, lost = found
+    assert 1.0 + start_bound(Limits(nnodes=2, node_timeout=4.0)) < at <= 1.0 + 14.0 + 0.1 + 1e-9, at
+    assert lost.unstarted == ("worker1.2",) and 14.0 < lost.start_secs <= 14.1 + 1e-9, lost
+    assert lost.silent_secs < 0.2 and lost.unanswered is None and not lost.reset, lost
+
+
+def test_a_start_answered_within_the_bound_loses_no_host_and_the_bound_is_the_agents_own_fork_bound_plus_the_timeout():
+    """An answer at 14.9 s (the agent's pre-warmed trainer's fork given up after its 10 s, the member started fresh,
+    under a slow host): no loss, then or later. The bound is the agent's own (``prewarm.FORK_REPLY_TIMEOUT``) plus
+    --node-timeout: an agent that answers as it must is never found lost by it."""
+    from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT
+
+    assert _asked_run(14.9, 60.0) is None
+    assert START_ANSWER_SECS == FORK_REPLY_TIMEOUT
+    assert start_bound(Limits(nnodes=2)) == FORK_REPLY_TIMEOUT + 15.0
+
+
+def test_a_stop_waits_for_no_start_another_hosts_agent_has_not_answered():
+    """SIGTERM at 3.0 s while node 1's answer to the start asked at 1.0 s has not come (its agent beating on): rule 12
+    drops the start at once (``StartsDropped``: its members count as never started, which breaks a group waiting for
+    them); no host is lost. Before, the stop waited its grace (120 s by default), then for ever, for the answer."""
+    import signal as signals
+
+    view = RunView(launch_start=0.0)
+    limits = Limits(nnodes=2, node_timeout=4.0)
+    for i in range(31):
+        now = round(i * 0.1, 6)
+        observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=f"{HOST}:4100"), now)
+        if i == 10:
+            observe.starts_waiting(view, 1, now, ["worker1.2"])
+        assert host_actions(view, now, limits) == []
+    observe.stop_requested(view, signals.SIGTERM, 3.0, 120.0)
+    (dropped,) = host_actions(view, 3.0, limits)
+    assert dropped == StartsDropped(1, ("worker1.2",), 2.0), dropped

@@ -521,6 +521,44 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
 
 
 @pytest.mark.slow
+def test_a_start_node_1s_agent_never_answers_loses_the_host_after_a_bound_and_never_holds_a_stop(hosts, logdir):
+    """Node 1's agent beats on but answers none of node 0's first two starts (``agent:start_unanswered:1-2``: each
+    read and dropped, as one lost with a connection node 0 did not see replaced). The first goes unanswered past
+    rule 12's bound (``START_ANSWER_SECS`` plus --node-timeout 4): the host is lost, said with what to do, and taken
+    back at its next hello; the second is still unanswered when SIGTERM reaches node 0, which ends at once, its
+    agent told to stop. Before: node 0 waited for the first for ever, and a stop waited the stop's grace (120 s),
+    then for ever."""
+    from procsv.common import env as envvars
+    from procsv.watchdog.rules.hosts import START_ANSWER_SECS
+
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    node1 = agent(logdir, addr, *args, env={**quiet_env(), envvars.FAULT: "agent:start_unanswered:1-2"})
+    code: Optional[int] = None
+    try:
+        lost = wait_for(lambda: events(logdir, "node_lost"), 60, what="node 1 lost for its unanswered start")
+        wait_for(lambda: [r for r in events(logdir, "restarted") if r.get("attempt") == 2], 60,
+                 what="the group's restart, its start asked of node 1 again")
+        time.sleep(1.0)  # (its StartMembers out, and dropped)
+        assert not events(logdir, "first_step")
+        os.killpg(master.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        code, out, err = finish(master, timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        acode, aerr = end_job(master, node1, code)
+    assert len(lost) == 1 and lost[0]["node"] == 1, lost
+    assert "worker1" in lost[0]["reason"] and "answered no start" in lost[0]["reason"], lost
+    assert lost[0]["silent_secs"] < 1.0, lost  # (it beat on: lost by the start, not by its silence)
+    assert re.search(r"node 1 \(\S+\) is lost: its agent answered no start of worker1 \(attempt 1\) for "
+                     rf"{START_ANSWER_SECS + 4:.0f}\.\d s .*procsv launch --node-rank 1", err), err
+    assert code == 143, err
+    assert took < 15, took
+    assert acode == 143, aerr
+
+
+@pytest.mark.slow
 def test_status_writes_stalled_on_node_0_lose_no_host_node_1s_zygote_killed_is_reaped_and_a_sigterm_to_node_1s_agent_stops_the_job_in_order(  # noqa: E501
         hosts, logdir):
     """One run, node 0 with --node-timeout 4 and --save-model-secs 1000, three things (before, two runs).

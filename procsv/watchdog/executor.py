@@ -33,9 +33,9 @@ from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
-                                         stop_failing_reports, task_gave_up_reports)
+                                         starts_dropped_reports, stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Finish, GiveUp, GiveUpService, GiveUpTask,
-                                     Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
+                                     Kill, NodeLost, Promote, StartsDropped, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
@@ -96,6 +96,7 @@ class Executor(Prewarmed):
         self._perform(action)
         if self.forks or (self.remote is not None and self.remote.pending):
             self.view.forking = True  # a start asked of the zygote or of another host: until poll_fork
+        self.view.forking_here = self.view.forking_here or bool(self.forks)
 
     def _perform(self, action: Action) -> None:
         now = self.clock()
@@ -135,6 +136,11 @@ class Executor(Prewarmed):
             self.remote.lost(action.node) if self.remote is not None else None  # (its members not started: lost too)
             note(self.view, action, now, self.limits)
             self.report(node_lost_reports(action, self.view.nodes[action.node].host, self.limits) + breaker_found(self.view))
+            return
+        if isinstance(action, StartsDropped):
+            self.remote.dropped(action.node) if self.remote is not None else None  # (each added, never started)
+            note(self.view, action, now, self.limits)
+            self.report(starts_dropped_reports(action, self.view.nodes[action.node].host))
             return
         if isinstance(action, StopFailing):
             note(self.view, action, now, self.limits)
@@ -425,6 +431,7 @@ class Executor(Prewarmed):
                 self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
         # a group's members are answered one by one: the view is forking until the last answer
         self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
+        self.view.forking_here = bool(self.forks)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> None:

@@ -498,6 +498,15 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
 
 
+def starts_waiting(view: RunView, node: int, asked_at: Optional[float], members: list[str]) -> None:
+    """The oldest start node 0 asked of host ``node``'s agent that no ``MemberStarted`` answered yet: first sent at
+    ``asked_at`` (None: none waits), for ``members`` (``slot.attempt``); rule 12 bounds the wait
+    (:func:`~procsv.watchdog.rules.hosts.start_unanswered`)."""
+    n = view.nodes.get(node)
+    if n is not None:
+        n.asked_at, n.asked = asked_at, list(members)
+
+
 def suspended(stops: list[Stop], total: float) -> list[Report]:
     """The watchdog's own process was stopped (``stops``: those its clock subtracted since the last round; ``total``:
     the seconds of all so far): one record and line each."""

@@ -67,6 +67,7 @@ from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
 # consequence of another member's end, never a cause of their own while a member was cut off
 PEER_ERRORS = frozenset({"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"})
 HOST_LOST = "HostLost"  # the error a member of a lost host is given (rule 12: procsv.watchdog.rules.bookkeeping)
+NOT_STARTED = "NotStarted"  # ... and a member asked of another host, unanswered when a stop came (StartsDropped)
 
 
 def worker_slot(rank: int) -> str:
@@ -337,6 +338,12 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: 
         elif m.state in (ProcState.STARTING, ProcState.RUNNING) and not dead:
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace:
+            out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
+        elif first.pid == 0 and m.stop_sent_at is not None and first.ended_at is not None and not dead \
+                and now >= max(m.stop_sent_at, first.ended_at) + grace:
+            # a member that never started (asked of another host: its loss, or a stop that waits for no start):
+            # the rest wait for it in their first collective, with no step to save; a stop's SIGTERM does not end
+            # that wait (before, the chief was left to the stop's grace, 120 s by default)
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
     return out
 

@@ -28,6 +28,14 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   waits until every host is connected again, or with ``--min-nodes`` starts at once on the hosts left
   (:func:`~procsv.watchdog.rules.membership.next_nodes`). Also
   while the run finishes: the launch waits for no member of a lost host.
+- A host whose agent beats on but answers none of a start node 0 asked of it (``StartMembers``: no ``MemberStarted``
+  for a member of it) for :func:`start_bound` seconds (the agent's own bound on its pre-warmed trainer's fork,
+  ``START_ANSWER_SECS``, plus ``node_timeout``) is lost too (:func:`start_unanswered`: the request lost with a
+  connection node 0 did not see replaced, or an agent whose loop is wedged while something else beats), said with
+  what to do; its hello takes it back, and the group's restart asks it again. Before, node 0 waited for the answer
+  for ever (the view ``forking``: no restart, and a stop waited its grace, then for ever for the member asked).
+  A stop waits for no such start (:class:`StartsDropped`: its members count as never started, which breaks a group
+  waiting for them in its first collective; the launch's ``NodeStop`` has the agent stop whatever it started).
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
   seconds, stops the run in order, which then fails (:class:`StopFailing`). With ``--min-nodes K``
   (elastic, :mod:`procsv.watchdog.rules.membership`) only once fewer than K hosts are left: until
@@ -43,7 +51,7 @@ import enum
 import math
 from typing import Mapping, Optional
 
-from procsv.watchdog.rules.actions import Action, NodeLost, StopFailing
+from procsv.watchdog.rules.actions import Action, NodeLost, StartsDropped, StopFailing
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.membership import out_of_group
 from procsv.watchdog.rules.state import NodeView, RunView
@@ -65,6 +73,9 @@ PROBES_MIN = 2
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
 PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
 OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watched time): blocked or descheduled, not watching
+# an agent answers a start (StartMembers) within this once its loop reads it: a fork asked of its pre-warmed trainer is
+# given up after prewarm.FORK_REPLY_TIMEOUT (the same 10 s) and the member started fresh at once (a Popen)
+START_ANSWER_SECS = 10.0
 
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
@@ -84,6 +95,10 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(NodeLost(node, now - n.last_beat, unanswered))
         elif agent_gone(n, now):
             out.append(NodeLost(node, now - n.last_beat, reset=True))
+        elif (waited := start_unanswered(n, now, limits)) is not None:
+            out.append(NodeLost(node, now - n.last_beat, unstarted=tuple(n.asked), start_secs=waited))
+        elif n.asked_at is not None and view.stop_signal is not None:  # (a stop waits for no start of another host)
+            out.append(StartsDropped(node, tuple(n.asked), now - n.asked_at))
     if view.stop_signal is not None or view.finishing:
         return out
     gone = out_of_group(view, now, limits)
@@ -162,6 +177,25 @@ def agent_gone(n: NodeView, now: float) -> bool:
     and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
     not a firewall's reset), and its members died with it (their parent-death signal)."""
     return n.probe_ok and n.reset_at is not None and suspected(n, now)
+
+
+def start_bound(limits: Limits) -> float:
+    """How long node 0 waits for an agent's answer to a start it asked (:func:`start_unanswered`): the agent's own
+    bound on its answer (``START_ANSWER_SECS``: a fork of its pre-warmed trainer given up, the member started fresh)
+    plus ``node_timeout`` (an agent may be slow that long: stopped, starved of CPU, its beats late but coming)."""
+    return START_ANSWER_SECS + limits.node_timeout
+
+
+def start_unanswered(n: NodeView, now: float, limits: Limits) -> Optional[float]:
+    """How long node 0 has waited for host ``n``'s answer to the oldest start it asked of it (``NodeView.asked_at``,
+    the first send's time on the watched clock: a resend down a new connection does not restart it), once that is
+    past :func:`start_bound`; None: no start waits, or not that long. The host beats on (a silent one is found by
+    its silence first), so its agent reads node 0's messages or never got this one: either way the member asked
+    will not start, and counting the host lost ends the wait as its silence would (the members asked count dead, the
+    group restarts, its next hello takes the host back). A late answer finds its member stale (killed)."""
+    if n.asked_at is None or now - n.asked_at <= start_bound(limits):
+        return None
+    return now - n.asked_at
 
 
 def stale_members(n: NodeView) -> list[tuple[str, int]]:

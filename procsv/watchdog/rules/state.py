@@ -300,6 +300,11 @@ class NodeView:
     # descheduled OWN_STALL_SECS or more, not stopped: the beats queued meanwhile are read a moment after): rule 12's
     # bound counts from it (a stop, SIGSTOP then SIGCONT, is left out of the watched clock itself)
     watched_from: float = float("-inf")
+    # (node 0's view only) the oldest start node 0 asked of its agent that no MemberStarted answered yet (StartMembers:
+    # when it was first sent, on the watched clock; None: none waiting) and its members (``slot.attempt``): rule 12
+    # finds the host lost once it waits past rules.hosts.start_bound
+    asked_at: Optional[float] = None
+    asked: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -327,6 +332,7 @@ class RunView:
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
     forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
+    forking_here: bool = False  # ... of this host's zygote (a stop waits for it: its process is this one's to stop)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
