@@ -490,6 +490,37 @@ def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
     assert not os.path.exists(tmp_path / "r")
 
 
+@pytest.mark.parametrize("route", ["none", "unreachable"])
+def test_an_agent_with_no_route_to_node_0_is_one_line_and_exit_2_with_nothing_started(tmp_path, route):
+    """Node 1's agent alone in a network namespace with no route to node 0's --master-addr (``none``: only its
+    loopback, ENETUNREACH; ``unreachable``: an ``ip route add unreachable`` of node 0's subnet, EHOSTUNREACH; a wrong
+    address is the same): one line naming the address and what to check, exit 2, no logdir made and no process
+    left in the namespace (with --fork-prewarm: no seed planted). Before: a Python traceback (``OSError: [Errno 101]
+    Network is unreachable``) from the agent's start."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (ip netns) for a namespace without a route")
+    ns, addr = f"pvtnr{_W}", f"{PREFIX}.1:5999"
+    ip("netns", "del", ns, check=False)
+    ip("netns", "add", ns)
+    try:
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        if route == "unreachable":
+            ip("netns", "exec", ns, "ip", "route", "add", "unreachable", f"{PREFIX}.0/24")
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
+                              "--logdir", str(tmp_path / "r"), "--nnodes", "2", "--node-rank", "1", "--master-addr", addr,
+                              "--fork-prewarm"], capture_output=True, text=True, env=quiet_env(), timeout=60)
+        left = host_pids(ns)
+    finally:
+        ip("netns", "del", ns, check=False)
+    why = "Network is unreachable" if route == "none" else "No route to host"
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (f"procsv: error: node 1 has no route to node 0's --master-addr {addr} ({why}): check the "
+                                  "address (node 0's `procsv launch --node-rank 0` prints \"waiting for the other hosts "
+                                  f"at HOST:PORT\") and this host's routes (`ip route get {PREFIX}.1`)"), out.stderr
+    assert not os.path.exists(tmp_path / "r")
+    assert left == [], left
+
+
 @pytest.mark.slow
 def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(hosts, logdir):
     """SIGTERM reaches node 0 and, at the same moment, node 1's agent dies (a scheduler ending the

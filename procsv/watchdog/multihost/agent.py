@@ -136,14 +136,14 @@ class NodeAgent(Prewarmed):
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
-                 pulse: Optional[LoopPulse] = None) -> None:
+                 pulse: Optional[LoopPulse] = None, host: str = "") -> None:
         assert cfg.master_addr is not None
         super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
         self.layout = Layout(os.path.abspath(cfg.logdir))
         # every timer's clock: ``clock`` without the time this process was stopped (SIGSTOP, then SIGCONT)
         self.clock = clock if isinstance(clock, WatchedClock) else WatchedClock(clock)
-        self.host = host_ip(cfg.master_addr)
+        self.host = host or host_ip(cfg.master_addr, cfg.node_rank)  # (the launch's, resolved before anything started)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
         self.stop_code: Optional[int] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process

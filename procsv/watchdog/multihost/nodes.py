@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, Message, NodeHello, NodeRefused,
@@ -221,11 +222,24 @@ class NodeLink:
             curve.remove_job(self.layout)
 
 
-def host_ip(master_addr: str) -> str:
-    """This host's address on the route to ``master_addr`` (what its members listen on)."""
+def host_ip(master_addr: str, node: int = 1) -> str:
+    """This host's address on the route to ``master_addr`` (what its members listen on), for node agent ``node``.
+    Raises :class:`~procsv.common.errors.UsageError` with one line when there is none: a name that does not resolve,
+    or no route to it (``ENETUNREACH``: no route at all; ``EHOSTUNREACH``, ``EACCES``, ``EINVAL``: an ``unreachable``,
+    ``prohibit`` or ``blackhole`` route). Before, the agent ended with a Python traceback."""
     import socket
 
     host, _, port = master_addr.rpartition(":")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, int(port or 1)))  # UDP: no packet is sent
-        return str(s.getsockname()[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port or 1)))  # UDP: no packet is sent
+            return str(s.getsockname()[0])
+    except socket.gaierror as exc:
+        raise UsageError(f"node {node} cannot resolve node 0's --master-addr {master_addr} ({exc.strerror}): give "
+                         "node 0's address as `procsv launch --node-rank 0` prints it (\"waiting for the other hosts "
+                         "at HOST:PORT\")") from None
+    except OSError as exc:
+        raise UsageError(f"node {node} has no route to node 0's --master-addr {master_addr} "
+                         f"({exc.strerror or exc}): check the address (node 0's `procsv launch --node-rank 0` prints "
+                         f"\"waiting for the other hosts at HOST:PORT\") and this host's routes (`ip route get "
+                         f"{host}`)") from None
