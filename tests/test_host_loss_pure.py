@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from procsv.ipc.messages import NodeHello
 from procsv.watchdog import observe
 from procsv.watchdog.rules.actions import NodeLost, StartsDropped
-from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, START_ANSWER_SECS, SUSPECT_CAP, SUSPECT_FLOOR,
+from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, DEAF_SECS, START_ANSWER_SECS, SUSPECT_CAP, SUSPECT_FLOOR,
                                          host_actions, phi, probes_due, start_bound, suspect_after)
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
@@ -25,12 +25,15 @@ HOST = "10.0.0.2"
 
 def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = 0.1,
         node_timeout: float = 15.0, rtt: float = 0.001, probe: str = f"{HOST}:4100",
-        late: Callable[[float], float] = lambda t: 0.0) -> Optional[tuple[float, NodeLost]]:
+        late: Callable[[float], float] = lambda t: 0.0,
+        deaf: Optional[dict[float, float]] = None) -> Optional[tuple[float, NodeLost]]:
     """Node 0's rounds every ``tick`` s (and at each beat's arrival, as its loop wakes for a message) until
     ``until``: the beats read at the times in ``beats``; a probe sent at ``t`` is answered ``rtt`` later
     if ``kernel(t)`` is not None (True: a handshake, False: a reset), observed at the first round after;
     the round that looked at the answers at ``t`` decides ``late(t)`` s later (node 0 descheduled in
-    between: what came meanwhile is read at its next round). The first ``(time, NodeLost)`` decided, or None."""
+    between: what came meanwhile is read at its next round); ``deaf``: the beat read at a time -> how long its agent
+    said it had heard nothing from node 0 (``NodeHello.deaf``; 0 for the others). The first ``(time, NodeLost)``
+    decided, or None."""
     view = RunView(launch_start=0.0)
     limits = Limits(nnodes=2, node_timeout=node_timeout)
     answers: list[tuple[float, float, bool]] = []  # (arrives at, sent at, handshake)
@@ -38,7 +41,8 @@ def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: fl
     b = 0
     for now in rounds:
         while b < len(beats) and beats[b] <= now:
-            observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=probe), beats[b])
+            observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=probe,
+                                               deaf=(deaf or {}).get(beats[b], 0.0)), beats[b])
             b += 1
         if 1 not in view.nodes:
             continue
@@ -330,3 +334,69 @@ def test_a_stop_waits_for_no_start_another_hosts_agent_has_not_answered():
     observe.stop_requested(view, signals.SIGTERM, 3.0, 120.0)
     (dropped,) = host_actions(view, 3.0, limits)
     assert dropped == StartsDropped(1, ("worker1.2",), 2.0), dropped
+
+
+def _node0_beats(phase: float) -> list[float]:
+    """When node 0's beats, every 0.1 s from ``phase``, reach the agent (a LAN: at once)."""
+    return [round(phase + 0.1 * k, 6) for k in range(400)]
+
+
+def test_a_one_way_cut_of_node_0s_frames_is_found_within_half_a_second_by_the_agents_word_and_the_probes() -> None:
+    """Node 0's frames to node 1 dropped from C (its beats and its probes' handshakes lost), node 1's passing: node 1's
+    beats keep reaching node 0 for 0.25 s (until its TCP waits for node 0's acknowledgements), each saying how long the
+    agent has heard nothing from node 0. Found within 0.5 s of the cut, whatever the phases of the beats and node 0's
+    rounds, named a one-way cut (``NodeLost.deaf``). Before, only once the beats were ``BLIP_SECS`` late: 0.65 s."""
+    for tick in (0.01, 0.05, 0.1):
+        for phase in (0.0, 0.03, 0.07, 0.099):
+            for mine in (0.0, 0.05, 0.09):  # (node 0's beats' phase against the agent's)
+                cut = 10.0 + phase
+                heard = max(b for b in _node0_beats(mine) if b < cut)
+                beats = steady(0.0, cut + 0.25)
+                said = {b: round(b - heard, 3) if b > cut else 0.05 for b in beats}
+                found = run(beats, lambda t: True if t < cut else None, until=20, tick=tick, deaf=said)
+                assert found is not None, (tick, phase, mine)
+                at, lost = found
+                assert at - cut <= 0.5, (tick, phase, mine, at - cut)
+                assert lost.deaf >= DEAF_SECS and lost.unanswered is not None and lost.unanswered >= 0.1, lost
+
+
+def test_a_blip_both_ways_of_up_to_a_quarter_second_is_ridden_out_though_the_agents_late_hellos_say_it_heard_nothing():
+    """Every frame dropped both ways for ``length`` s from B, then passing: the hellos node 1 sent meanwhile reach node
+    0 at the blip's end (TCP's retransmission), each saying how long the agent had heard nothing, and so do the next
+    ones until node 0's own retransmission reaches the agent (0.2 s more). Node 0's probes sent during the blip went
+    unanswered, those after are answered: never lost, at any phase (the probes of the blip are not the one-way cut's
+    evidence, only those sent since a hello said the agent heard nothing)."""
+    for length in (0.1, 0.2, 0.25):
+        for tick in (0.01, 0.05, 0.1):
+            for phase in (0.0, 0.03, 0.07, 0.099):
+                start = 10.0 + phase
+                end = start + length
+                heard = max(b for b in _node0_beats(0.04) if b < start)
+                sent = steady(0.0, 20.0, jitter=0.0)
+                arrive = {t: (round(end + 0.01, 6) if start <= t < end else t) for t in sent}
+                said: dict[float, float] = {}
+                for t in sent:  # (several held hellos arrive together: the last said counts)
+                    said[arrive[t]] = round(t - heard, 3) if start <= t < end + 0.2 else 0.05
+                found = run(sorted(set(arrive.values())), lambda t: None if start <= t < end else True, until=20,
+                            tick=tick, deaf=said)
+                assert found is None, (length, tick, phase, found)
+
+
+def test_a_slow_agent_that_says_it_heard_nothing_is_never_lost_its_kernel_answering() -> None:
+    """An agent stopped 200 ms every 3 s, whose first hello after each stop says it heard nothing from node 0 for 0.3 s
+    (its loop's reads came after), and one starved of CPU whose hellos say so now and then: node 0 probes, the host's
+    kernel answers, never lost."""
+    beats, said = [], {}
+    for t in steady(0.0, 60.0):
+        k = int(t // 3.0)
+        stop = (k * 3.0 + 1.0, k * 3.0 + 1.2)
+        b = stop[1] + 0.002 if stop[0] <= t < stop[1] else t
+        beats.append(b)
+        said[b] = 0.3 if stop[0] <= t < stop[1] else 0.05
+    rng = random.Random(11)
+    for t in steady(60.0, 120.0):
+        beats.append(t)
+        said[t] = rng.uniform(0.15, 0.45) if rng.random() < 0.1 else 0.05
+    beats = sorted(set(beats))
+    for tick in (0.02, 0.1):
+        assert run(beats, alive, until=120, tick=tick, deaf=said, rtt=0.03) is None

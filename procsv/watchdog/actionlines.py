@@ -167,6 +167,10 @@ def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Repor
               f"{limits.node_timeout:g})"
     elif action.unanswered is None:
         why = f"its agent sent no heartbeat for {silent:.1f} s (--node-timeout {limits.node_timeout:g})"
+    elif action.deaf:
+        why = f"its agent said it had heard nothing from node 0 for {action.deaf:.2f} s (its heartbeats still coming, " \
+              f"the last {silent:.2f} s ago) and its host answered no probe for {action.unanswered:.2f} s (node 0's " \
+              f"packets to it are lost: a one-way cut; before --node-timeout {limits.node_timeout:g})"
     else:
         why = f"its agent sent no heartbeat for {silent:.2f} s and its host answered no probe for " \
               f"{action.unanswered:.2f} s (silent, not slow; before --node-timeout {limits.node_timeout:g})"

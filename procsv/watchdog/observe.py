@@ -25,7 +25,7 @@ from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, workers
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
-from procsv.watchdog.rules.hosts import GAPS_KEPT
+from procsv.watchdog.rules.hosts import DEAF_SECS, GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.watchdog.rules.unwatched import Stop, stopped_within
 from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
@@ -486,7 +486,12 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
         node.gaps = [*node.gaps[1 - GAPS_KEPT:], now - node.last_beat]
     if msg.probe != node.probe:
         node.probe, node.probe_ok = msg.probe, False  # (a new agent: its port is proven again)
-    node.unanswered, node.reset_at = [], None
+    # (a hello that says its agent hears nothing from node 0 keeps the probes sent since it first said so: their
+    # answer, or its lack, is what tells a one-way cut from a late beat, rules.hosts.one_way_cut)
+    deaf = not back and msg.deaf >= DEAF_SECS
+    node.deaf, node.deaf_from = msg.deaf, (node.deaf_from if node.deaf_from is not None else now) if deaf else None
+    node.unanswered = [s for s in node.unanswered if node.deaf_from is not None and s >= node.deaf_from]
+    node.reset_at = None
     node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
         list(msg.live), now
     kept = None if back else node.ready_at  # (a new agent: its own pre-warmed trainer)

@@ -294,7 +294,7 @@ class NodeAgent(Prewarmed):
                     # within a turn of its handshake, not a beat later)
                     if send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                               self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
-                                              probe)):
+                                              probe, round(max(0.0, self.clock() - self.heard_at), 3))):
                         beat_at = now
                         for news in started_again([(m.slot, m.attempt, m.pid) for m in self.members.values()
                                                    if m.proc.poll() is None], link, told):

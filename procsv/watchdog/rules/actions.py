@@ -158,6 +158,7 @@ class NodeLost:
     reset: bool = False
     unstarted: tuple[str, ...] = ()
     start_secs: float = 0.0
+    deaf: float = 0.0  # with ``unanswered``: how long its agent said it had heard nothing from node 0 (a one-way cut)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,11 @@ PROBES_MIN = 2
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
 PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
 OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watched time): blocked or descheduled, not watching
+# an agent's hello saying it heard nothing from node 0 for this long (NodeHello.deaf: node 0 beats every 0.1 s, so
+# one beat missed and half an interval) starts node 0's probes of its host (rule 12's second signal of a one-way
+# cut, one_way_cut). Low: the probes decide, this only starts them; and a hello sent past ~0.25 s of a cut of node 0's
+# frames no longer reaches node 0 (its agent's TCP then waits for node 0's acknowledgements)
+DEAF_SECS = 0.15
 # an agent answers a start (StartMembers) within this once its loop reads it: a fork asked of its pre-warmed trainer is
 # given up after prewarm.FORK_REPLY_TIMEOUT (the same 10 s) and the member started fresh at once (a Popen)
 START_ANSWER_SECS = 10.0
@@ -95,6 +100,8 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(NodeLost(node, now - n.last_beat, unanswered))
         elif agent_gone(n, now):
             out.append(NodeLost(node, now - n.last_beat, reset=True))
+        elif (cut := one_way_cut(n)) is not None:
+            out.append(NodeLost(node, now - n.last_beat, cut, deaf=n.deaf))
         elif (waited := start_unanswered(n, now, limits)) is not None:
             out.append(NodeLost(node, now - n.last_beat, unstarted=tuple(n.asked), start_secs=waited))
         elif n.asked_at is not None and view.stop_signal is not None:  # (a stop waits for no start of another host)
@@ -172,6 +179,25 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
     return n.looked_at - out[0]
 
 
+def one_way_cut(n: NodeView) -> Optional[float]:
+    """How long a host's kernel has answered none of node 0's probes sent since its agent first said, in a hello node
+    0 read (``NodeView.deaf_from``), that it had heard nothing from node 0 for ``DEAF_SECS`` or more, once that makes it
+    lost; None: not lost this way. Its hellos reach node 0 and node 0's frames (beats, probes' handshakes) do not
+    reach it: a one-way cut of node 0's frames to it, found as a silent host's (``PROBES_MIN`` probes at least out
+    since ``PROBE_RTT`` at node 0's last look, the oldest since ``PROBE_WINDOW``, none answered) without waiting for
+    its beats to be late: they kept coming until its TCP waited for node 0's acknowledgements (~0.25 s), and were
+    then ``BLIP_SECS`` late at least (before, found 0.654 s after the cut, past the 0.5 s goal). A slow agent's host
+    answers the probes (only the bound applies to it, as for a late beat); a link that dropped both ways (a blip)
+    delivers the hellos it held only once it passes again, when the probes sent since are answered (the probes of
+    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello)."""
+    if not n.probe_ok or n.deaf_from is None or n.looked_at is None or n.lost_at is not None:
+        return None
+    out = [sent for sent in n.unanswered if sent >= n.deaf_from and n.looked_at - sent >= PROBE_RTT]
+    if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
+        return None
+    return n.looked_at - out[0]
+
+
 def agent_gone(n: NodeView, now: float) -> bool:
     """Whether a suspected host answered a probe sent since its agent's last beat with a reset: its host is up
     and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
@@ -219,7 +245,9 @@ def probes_due(view: RunView, now: float) -> list[int]:
     for node, n in sorted(view.nodes.items()):
         if not n.probe or n.last_beat is None or n.lost_at is not None:
             continue
-        every = PROBE_EVERY if suspected(n, now) else None if n.probe_ok else PROVE_EVERY
+        # (suspected: its beats late; deaf: its agent says node 0's frames do not reach it, its own still pass)
+        every = PROBE_EVERY if suspected(n, now) or (n.deaf_from is not None and n.probe_ok) \
+            else None if n.probe_ok else PROVE_EVERY
         if every is not None and (n.probed_at is None or now - n.probed_at >= every - 1e-9):
             due.append(node)
     return due

@@ -304,6 +304,11 @@ class NodeView:
     # when it was first sent, on the watched clock; None: none waiting) and its members (``slot.attempt``): rule 12
     # finds the host lost once it waits past rules.hosts.start_bound
     asked_at: Optional[float] = None
+    # (node 0's view only) how long its agent said it had heard nothing from node 0, in its last hello
+    # (NodeHello.deaf), and when node 0 first read a hello saying so for DEAF_SECS or more in a row (None: the last
+    # said less): node 0's frames to it may be lost while its own pass (a one-way cut: rules.hosts.one_way_cut)
+    deaf: float = 0.0
+    deaf_from: Optional[float] = None
     asked: list[str] = field(default_factory=list)
 
 
