@@ -96,7 +96,6 @@ class Executor(Prewarmed):
         self._perform(action)
         if self.forks or (self.remote is not None and self.remote.pending):
             self.view.forking = True  # a start asked of the zygote or of another host: until poll_fork
-        self.view.forking_here = self.view.forking_here or bool(self.forks)
 
     def _perform(self, action: Action) -> None:
         now = self.clock()
@@ -431,7 +430,6 @@ class Executor(Prewarmed):
                 self._fresh(pending.slot, pending.role, pending.attempt, pending.env, pending.log_path, mutex)
         # a group's members are answered one by one: the view is forking until the last answer
         self.view.forking = bool(self.forks or (self.remote is not None and self.remote.pending))
-        self.view.forking_here = bool(self.forks)
 
     def _fresh(self, slot: str, role: str, attempt: int, env: dict[str, str], log_path: str,
                mutex: Optional[RobustMutex]) -> None:

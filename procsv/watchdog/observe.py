@@ -489,8 +489,8 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     # (a hello that says its agent hears nothing from node 0 keeps the probes sent since it first said so: their
     # answer, or its lack, is what tells a one-way cut from a late beat, rules.hosts.one_way_cut)
     deaf = not back and msg.deaf >= DEAF_SECS
-    node.deaf, node.deaf_from = msg.deaf, (node.deaf_from if node.deaf_from is not None else now) if deaf else None
-    node.unanswered = [s for s in node.unanswered if node.deaf_from is not None and s >= node.deaf_from]
+    node.waits.deaf, node.waits.deaf_from = msg.deaf, (node.waits.deaf_from if node.waits.deaf_from is not None else now) if deaf else None
+    node.unanswered = [s for s in node.unanswered if node.waits.deaf_from is not None and s >= node.waits.deaf_from]
     node.reset_at = None
     node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
         list(msg.live), now
@@ -509,7 +509,7 @@ def starts_waiting(view: RunView, node: int, asked_at: Optional[float], members:
     (:func:`~procsv.watchdog.rules.hosts.start_unanswered`)."""
     n = view.nodes.get(node)
     if n is not None:
-        n.asked_at, n.asked = asked_at, list(members)
+        n.waits.asked_at, n.waits.asked = asked_at, list(members)
 
 
 def suspended(stops: list[Stop], total: float) -> list[Report]:

@@ -10,8 +10,9 @@ anything it says or its socket's name: a key holds the node rank it first claims
 (:func:`~procsv.watchdog.rules.hosts.claim_node` decides); another key's claim of that rank is
 refused (:class:`~procsv.ipc.node_messages.NodeRefused`) and logged once (``node_refused``). It beats
 every :data:`BEAT_SECS` (each beat carries node 0's ``--node-timeout``, which the agents use for it)
-so that an agent notices a master that is gone, probes the hosts whose agents' beats are late
-(:meth:`NodeLink.probe`, :mod:`.probes`: rule 12 tells a slow agent from a silent host by them), and removes
+so that an agent notices a master that is gone, probes the hosts whose agents' beats are late, or whose agents say
+they hear nothing from node 0 (:meth:`NodeLink.probe`, :mod:`.probes`: rule 12 tells a slow agent from a silent host,
+and finds a one-way cut of node 0's frames, by them), and removes
 the keys folder when the launch ends.
 """
 

@@ -68,7 +68,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         node = view.nodes[action.node]
         node.lost_at = now
         node.lost_times = [t for t in node.lost_times if now - t <= FLAP_WINDOW] + [now]
-        node.asked_at, node.asked = None, []  # (what was asked of it counts dead: RemoteMembers.lost)
+        node.waits.asked_at, node.waits.asked = None, []  # (what was asked of it counts dead: RemoteMembers.lost)
         how = f"answered no start for {action.start_secs:.1f} s" if action.unstarted else \
             f"went silent for {action.silent_secs:.1f} s"
         for c in list(view.children.values()):
@@ -80,7 +80,7 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         return
     if isinstance(action, StartsDropped):  # (each member added by the executor: RemoteMembers.dropped)
         node = view.nodes[action.node]
-        node.asked_at, node.asked = None, []
+        node.waits.asked_at, node.waits.asked = None, []
         for c in list(view.children.values()):
             if c.node == action.node and c.pid == 0 and not c.reaped:  # (pid 0: asked, never started)
                 c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now

@@ -182,11 +182,11 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
             # handlers replace it, and the group then trained on to the grace's SIGKILL (seen during a restart)
             out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE,
                               resend=limits.world > 1 and not limits.ps)
-    # stopped before a trainer started, or while a restart was pending; a start asked of this host's zygote and
-    # not answered is waited for only until the stop's grace ends (its deadline, or None once the grace's SIGKILL
-    # went out); one asked of another host is not (the NodeStop at the launch's end has its agent stop whatever it
-    # started; before, a StartMembers never answered held the stop for its whole grace, 120 s, then for ever)
-    waited = view.forking_here and view.stop_deadline is not None and now < view.stop_deadline
+    # stopped before a trainer started, or while a restart was pending; a start asked and not answered (a fork of
+    # the zygote) is waited for only until the stop's grace ends (its deadline, or None once the grace's SIGKILL went
+    # out); one asked of another host is not: rule 12 drops it in the stop's first round (StartsDropped), and the
+    # view forks no more once the executor did (before, a StartMembers never answered held the stop its whole grace)
+    waited = view.forking and view.stop_deadline is not None and now < view.stop_deadline
     if not live and not waited:
         out.append(_stopped_between(view, 128 + view.stop_signal))
     return out

@@ -268,6 +268,31 @@ class ChildView:
         return self.hang.cause or (describe(self.failure.code) if self.failure else "")
 
 
+@dataclass(frozen=True)
+class Healed:
+    """(An agent's view of its master only) node 0's address answered a handshake again after answering none for
+    ``PROBE_WINDOW`` at least: when the agent's look saw it (``at``) and how long it had answered none (``after``)
+    (:func:`~procsv.watchdog.rules.hosts.master_redial`)."""
+
+    at: float
+    after: float
+
+
+@dataclass
+class Waits:
+    """(Node 0's view of a host only) what node 0 waits for from a host besides its beats (rule 12,
+    :mod:`procsv.watchdog.rules.hosts`): the answer to the oldest start it asked of its agent (``StartMembers``: first
+    sent at ``asked_at`` on the watched clock, None: none waiting; ``asked``, its members ``slot.attempt``), lost once
+    that waits past ``start_bound``; and its own frames to reach the host: ``deaf``, how long the agent said in its
+    last hello it had heard nothing from node 0 (``NodeHello.deaf``), ``deaf_from``, when node 0 first read a hello
+    saying so for ``DEAF_SECS`` or more in a row (None: the last said less; a one-way cut, ``one_way_cut``)."""
+
+    asked_at: Optional[float] = None
+    asked: list[str] = field(default_factory=list)
+    deaf: float = 0.0
+    deaf_from: Optional[float] = None
+
+
 @dataclass
 class NodeView:
     """Another host of a job that spans hosts (``--nnodes M``), as its agent's heartbeats tell it."""
@@ -294,22 +319,12 @@ class NodeView:
     reset_at: Optional[float] = None  # the send of a probe sent since its last beat that its host answered with a reset
     # (an agent's view of its master only) when its address answered a handshake again after answering none for
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
-    healed_at: Optional[float] = None
-    healed_after: float = 0.0
+    healed: Optional[Healed] = None
     # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (blocked or
     # descheduled OWN_STALL_SECS or more, not stopped: the beats queued meanwhile are read a moment after): rule 12's
     # bound counts from it (a stop, SIGSTOP then SIGCONT, is left out of the watched clock itself)
     watched_from: float = float("-inf")
-    # (node 0's view only) the oldest start node 0 asked of its agent that no MemberStarted answered yet (StartMembers:
-    # when it was first sent, on the watched clock; None: none waiting) and its members (``slot.attempt``): rule 12
-    # finds the host lost once it waits past rules.hosts.start_bound
-    asked_at: Optional[float] = None
-    # (node 0's view only) how long its agent said it had heard nothing from node 0, in its last hello
-    # (NodeHello.deaf), and when node 0 first read a hello saying so for DEAF_SECS or more in a row (None: the last
-    # said less): node 0's frames to it may be lost while its own pass (a one-way cut: rules.hosts.one_way_cut)
-    deaf: float = 0.0
-    deaf_from: Optional[float] = None
-    asked: list[str] = field(default_factory=list)
+    waits: Waits = field(default_factory=lambda: Waits())  # (node 0's view only) what it waits for besides beats
 
 
 @dataclass
@@ -337,7 +352,6 @@ class RunView:
     services_deadline: Optional[float] = None  # once the outcome is decided: SIGKILL what still runs after this
     restart_at: Optional[float] = None  # start the trainer (again) at this time
     forking: bool = False  # a trainer start asked of the zygote or another host, not answered yet (Executor.poll_fork)
-    forking_here: bool = False  # ... of this host's zygote (a stop waits for it: its process is this one's to stop)
     service_crashes: dict[str, tuple[float, ...]] = field(default_factory=dict)  # slot -> its deaths counted
     tasks_alone: bool = False  # --ps N --workers M: each task restarts alone (procsv.watchdog.rules.tasks)
     task_history: dict[str, History] = field(default_factory=dict)  # slot -> its restarts (a --ps task's own)
