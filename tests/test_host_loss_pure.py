@@ -400,3 +400,24 @@ def test_a_slow_agent_that_says_it_heard_nothing_is_never_lost_its_kernel_answer
     beats = sorted(set(beats))
     for tick in (0.02, 0.1):
         assert run(beats, alive, until=120, tick=tick, deaf=said, rtt=0.03) is None
+
+
+def test_a_blip_whose_two_ways_heal_apart_is_ridden_out_though_node_0s_frames_pass_a_moment_later() -> None:
+    """A blip of 0.2 s both ways whose end heals node 1's frames first and node 0's 0.08 s later (two links, or two
+    qdiscs taken off one after the other under load): node 1's held hellos reach node 0 saying the agent heard
+    nothing, and node 0's probes sent meanwhile go unanswered until its own frames pass. Ridden out at any phase:
+    the one-way rule waits ``ONE_WAY_WINDOW`` (0.15 s) of unanswered probes (with ``PROBE_WINDOW``'s 0.1 s, a host
+    loss at some phases; the blip benchmark's blips heal so, one ``tc`` after the other)."""
+    for tick in (0.01, 0.05, 0.1):
+        for phase in (0.0, 0.03, 0.07, 0.099):
+            start = 10.0 + phase
+            end, healed = start + 0.2, start + 0.28
+            heard = max(b for b in _node0_beats(0.04) if b < start)
+            sent = steady(0.0, 20.0, jitter=0.0)
+            arrive = {t: (round(end + 0.01, 6) if start <= t < end else t) for t in sent}
+            said: dict[float, float] = {}
+            for t in sent:
+                said[arrive[t]] = round(t - heard, 3) if start <= t < healed + 0.05 else 0.05
+            found = run(sorted(set(arrive.values())), lambda t: None if start <= t < healed else True, until=20,
+                        tick=tick, deaf=said)
+            assert found is None, (tick, phase, found)

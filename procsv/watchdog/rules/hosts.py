@@ -82,6 +82,10 @@ OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watch
 # cut, one_way_cut). Low: the probes decide, this only starts them; and a hello sent past ~0.25 s of a cut of node 0's
 # frames no longer reaches node 0 (its agent's TCP then waits for node 0's acknowledgements)
 DEAF_SECS = 0.15
+# ... and the host is lost once the probes sent since went unanswered this long (PROBES_MIN at least): longer than
+# PROBE_WINDOW, so that a blip whose two ways heal apart (node 1's frames passing a moment before node 0's: its held
+# hellos, saying it heard nothing, come first) is ridden out as one that heals at once; a cut still found within 0.5 s
+ONE_WAY_WINDOW = 0.15
 # an agent answers a start (StartMembers) within this once its loop reads it: a fork asked of its pre-warmed trainer is
 # given up after prewarm.FORK_REPLY_TIMEOUT (the same 10 s) and the member started fresh at once (a Popen)
 START_ANSWER_SECS = 10.0
@@ -188,7 +192,7 @@ def one_way_cut(n: NodeView) -> Optional[float]:
     0 read (``NodeView.deaf_from``), that it had heard nothing from node 0 for ``DEAF_SECS`` or more, once that makes it
     lost; None: not lost this way. Its hellos reach node 0 and node 0's frames (beats, probes' handshakes) do not
     reach it: a one-way cut of node 0's frames to it, found as a silent host's (``PROBES_MIN`` probes at least out
-    since ``PROBE_RTT`` at node 0's last look, the oldest since ``PROBE_WINDOW``, none answered) without waiting for
+    since ``PROBE_RTT`` at node 0's last look, the oldest since ``ONE_WAY_WINDOW``, none answered) without waiting for
     its beats to be late: they kept coming until its TCP waited for node 0's acknowledgements (~0.25 s), and were
     then ``BLIP_SECS`` late at least (before, found 0.654 s after the cut, past the 0.5 s goal). A slow agent's host
     answers the probes (only the bound applies to it, as for a late beat); a link that dropped both ways (a blip)
@@ -197,7 +201,7 @@ def one_way_cut(n: NodeView) -> Optional[float]:
     if not n.probe_ok or n.waits.deaf_from is None or n.looked_at is None or n.lost_at is not None:
         return None
     out = [sent for sent in n.unanswered if sent >= n.waits.deaf_from and n.looked_at - sent >= PROBE_RTT]
-    if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
+    if len(out) < PROBES_MIN or n.looked_at - out[0] < ONE_WAY_WINDOW:
         return None
     return n.looked_at - out[0]
 
