@@ -31,7 +31,7 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
 - A one-way cut of node 0's frames to a host (its beats still coming until its TCP waits for node 0's
   acknowledgements, ~0.25 s): its agent's hellos say how long it has heard nothing from node 0 (``NodeHello.deaf``);
   one saying ``DEAF_SECS`` or more starts node 0's probes at once, and the host is lost once those sent since went
-  unanswered as above (:func:`one_way_cut`; found in 0.22 s, before 0.65 s past the 0.5 s goal).
+  unanswered ``ONE_WAY_WINDOW`` (:func:`one_way_cut`; found in 0.34 s, before 0.53-0.69 s, past the 0.5 s goal).
 - A host whose agent beats on but answers none of a start node 0 asked of it (``StartMembers``: no ``MemberStarted``
   for a member of it) for :func:`start_bound` seconds (the agent's own bound on its pre-warmed trainer's fork,
   ``START_ANSWER_SECS``, plus ``node_timeout``) is lost too (:func:`start_unanswered`: the request lost with a
