@@ -37,7 +37,10 @@ class NodeHello(Message):
     older one (a connection the agent replaced during a partition delivers its queued hellos late, once
     the link is back). ``probe``: ``HOST:PORT`` of the agent's probe port, a listening socket whose
     handshake its host's kernel answers even while the agent is stopped or starved (node 0 connects to it
-    when the agent's beats are late, to tell a slow agent from a silent host: rule 12); "" if none.
+    when the agent's beats are late, to tell a slow agent from a silent host: rule 12); "" if none. ``deaf``: how
+    long the agent has heard nothing from node 0 when it sends this (seconds of its watched clock): a hello that
+    reaches node 0 saying so tells node 0 that its frames to this host are lost while this host's pass (a one-way
+    cut), which node 0's probes then confirm (rule 12, :func:`~procsv.watchdog.rules.hosts.one_way_cut`).
     Sent every 0.1 s (``AGENT_BEAT_SECS``)."""
 
     KIND: ClassVar[str] = "node_hello"
@@ -51,6 +54,7 @@ class NodeHello(Message):
     ready: bool = True
     link: int = 0  # which of the agent's connections to the master sent it, counted from 1 (a new one each reconnect)
     probe: str = ""  # HOST:PORT of its probe port ("" : none; node 0 then finds it lost by --node-timeout alone)
+    deaf: float = 0.0  # seconds since the agent last heard node 0 (at the send)
 
 
 @dataclass(frozen=True)

@@ -264,6 +264,11 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise UsageError(f"--nnodes {args.nnodes} needs --master-addr HOST:PORT (node 0's address the other "
                              f"hosts reach), not {args.master_addr!r}")
+    agent_host = ""  # a node agent's address on its route to node 0: none is one line, before anything starts
+    if args.nnodes > 1 and args.node_rank > 0:
+        from procsv.watchdog.multihost.nodes import host_ip
+
+        agent_host = host_ip(args.master_addr, args.node_rank)
     check_ps(args.ps, args.workers, args.nproc, args.nnodes, args.standby, args.on_worker_give_up)
     check_coordinator(args.coordinator, args.ps, args.nnodes)
     check_min_nodes(args.min_nodes, args.nnodes, args.ps)
@@ -324,7 +329,7 @@ def _launch(args: argparse.Namespace, target_args: list[str]) -> int:
         # bound before anything starts (a port in use: exit 2); the probes only: the metrics are node 0's
         probes = None if cfg.metrics_port is None else MetricsServer(cfg.metrics_host, cfg.metrics_port, None, pulse)
         try:
-            return NodeAgent(cfg, clock=clock, pulse=pulse).run(seed)
+            return NodeAgent(cfg, clock=clock, pulse=pulse, host=agent_host).run(seed)
         finally:
             if probes is not None:
                 probes.close()

@@ -511,3 +511,26 @@ def test_a_group_is_stuck_only_when_every_member_is_quiet():
     assert sigs and sigs[0].stuck_for == 10.0, acts
     # judged stuck: every member's next limit is twice this wait (any of them could have been judged first)
     assert sim.member(TRAINER).hang.judged_max == sim.member(W1).hang.judged_max == 10.0
+
+
+def test_a_stop_that_drops_a_members_start_kills_the_chief_waiting_for_it_after_the_group_grace():
+    """The stop's SIGTERM reaches a chief waiting in its first collective for worker1, asked of node 1 and never
+    started; rule 12 drops that start (``StartsDropped``: worker1 never started, dead). The chief has no step to save
+    and its wait does not end by a SIGTERM: rule 11 SIGKILLs it ``group_grace_secs`` after the break. Before, only a
+    group member signalled by rule 11 itself was killed so: the chief was left to the stop's grace (120 s)."""
+    from procsv.watchdog.rules.actions import StartsDropped
+    from procsv.watchdog.rules.bookkeeping import note
+    from procsv.watchdog.rules.state import NodeView
+
+    sim = GroupSim(Limits(hang=HangLimits(None, None), nproc=2))
+    assert sim.tick() == [Spawn(TRAINER, TRAINER)]
+    w1 = sim.member(W1)
+    w1.pid, w1.node = 0, 1  # (asked of node 1's agent: in the view once dropped, pid 0)
+    sim.view.nodes[1] = NodeView(1, host="10.0.0.2")
+    sim.tick(1.0)
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    assert [(a.slot, a.cause) for a in of(sim.tick(0.01), Signal)] == [(TRAINER, Cause.STOP)]
+    note(sim.view, StartsDropped(1, (f"{W1}.1",), 1.0), sim.now, sim.limits)
+    assert not of(sim.tick(0.2), Kill)  # (the group's grace)
+    (kill,) = of(sim.tick(0.4), Kill)
+    assert (kill.slot, kill.cause) == (TRAINER, Cause.GROUP), kill

@@ -14,9 +14,9 @@ from typing import Callable, Optional
 
 from procsv.ipc.messages import NodeHello
 from procsv.watchdog import observe
-from procsv.watchdog.rules.actions import NodeLost
-from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, SUSPECT_CAP, SUSPECT_FLOOR, host_actions, phi,
-                                         probes_due, suspect_after)
+from procsv.watchdog.rules.actions import NodeLost, StartsDropped
+from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, BLIP_SECS, DEAF_SECS, START_ANSWER_SECS, SUSPECT_CAP, SUSPECT_FLOOR,
+                                         host_actions, phi, probes_due, start_bound, suspect_after)
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import RunView
 
@@ -25,12 +25,15 @@ HOST = "10.0.0.2"
 
 def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: float, tick: float = 0.1,
         node_timeout: float = 15.0, rtt: float = 0.001, probe: str = f"{HOST}:4100",
-        late: Callable[[float], float] = lambda t: 0.0) -> Optional[tuple[float, NodeLost]]:
+        late: Callable[[float], float] = lambda t: 0.0,
+        deaf: Optional[dict[float, float]] = None) -> Optional[tuple[float, NodeLost]]:
     """Node 0's rounds every ``tick`` s (and at each beat's arrival, as its loop wakes for a message) until
     ``until``: the beats read at the times in ``beats``; a probe sent at ``t`` is answered ``rtt`` later
     if ``kernel(t)`` is not None (True: a handshake, False: a reset), observed at the first round after;
     the round that looked at the answers at ``t`` decides ``late(t)`` s later (node 0 descheduled in
-    between: what came meanwhile is read at its next round). The first ``(time, NodeLost)`` decided, or None."""
+    between: what came meanwhile is read at its next round); ``deaf``: the beat read at a time -> how long its agent
+    said it had heard nothing from node 0 (``NodeHello.deaf``; 0 for the others). The first ``(time, NodeLost)``
+    decided, or None."""
     view = RunView(launch_start=0.0)
     limits = Limits(nnodes=2, node_timeout=node_timeout)
     answers: list[tuple[float, float, bool]] = []  # (arrives at, sent at, handshake)
@@ -38,7 +41,8 @@ def run(beats: list[float], kernel: Callable[[float], Optional[bool]], until: fl
     b = 0
     for now in rounds:
         while b < len(beats) and beats[b] <= now:
-            observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=probe), beats[b])
+            observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=probe,
+                                               deaf=(deaf or {}).get(beats[b], 0.0)), beats[b])
             b += 1
         if 1 not in view.nodes:
             continue
@@ -270,3 +274,150 @@ def test_a_lost_host_whose_agent_still_runs_the_broken_groups_members_has_them_k
     (joined,) = observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], live=[], probe=f"{HOST}:4100"),
                                    2.6)
     assert joined.fields["node"] == 1 and view.nodes[1].lost_at is None and stale_members(view.nodes[1]) == []
+
+
+def _asked_run(answered_at: Optional[float], until: float, node_timeout: float = 4.0) -> Optional[tuple[float, NodeLost]]:
+    """A host beating steadily every 0.1 s from 0, asked for worker1 (attempt 2) at 1.0 and answering at
+    ``answered_at`` (None: never); node 0's rounds every 0.1 s until ``until``; the first host loss decided."""
+    view = RunView(launch_start=0.0)
+    limits = Limits(nnodes=2, node_timeout=node_timeout)
+    for i in range(int(until / 0.1) + 1):
+        now = round(i * 0.1, 6)
+        observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=f"{HOST}:4100"), now)
+        if abs(now - 1.0) < 1e-9:
+            observe.starts_waiting(view, 1, now, ["worker1.2"])
+        if answered_at is not None and abs(now - answered_at) < 1e-9:
+            observe.starts_waiting(view, 1, None, [])
+        lost = [a for a in host_actions(view, now, limits) if isinstance(a, NodeLost)]
+        if lost:
+            return now, lost[0]
+    return None
+
+
+def test_a_start_a_beating_agent_never_answers_loses_its_host_once_the_bound_passes():
+    """Rule 12: node 0 asked node 1 for worker1 at 1.0 s and no MemberStarted came while the agent beat on: the host
+    is lost just past ``START_ANSWER_SECS`` + --node-timeout (14 s with 4), by the start, not by a silence (its beats
+    on time). Before, nothing bounded the wait: node 0's view stayed forking, no restart and no stop came."""
+    found = _asked_run(None, 30.0)
+    assert found is not None
+    at, lost = found
+    assert 1.0 + start_bound(Limits(nnodes=2, node_timeout=4.0)) < at <= 1.0 + 14.0 + 0.1 + 1e-9, at
+    assert lost.unstarted == ("worker1.2",) and 14.0 < lost.start_secs <= 14.1 + 1e-9, lost
+    assert lost.silent_secs < 0.2 and lost.unanswered is None and not lost.reset, lost
+
+
+def test_a_start_answered_within_the_bound_loses_no_host_and_the_bound_is_the_agents_own_fork_bound_plus_the_timeout():
+    """An answer at 14.9 s (the agent's pre-warmed trainer's fork given up after its 10 s, the member started fresh,
+    under a slow host): no loss, then or later. The bound is the agent's own (``prewarm.FORK_REPLY_TIMEOUT``) plus
+    --node-timeout: an agent that answers as it must is never found lost by it."""
+    from procsv.watchdog.prewarm import FORK_REPLY_TIMEOUT
+
+    assert _asked_run(14.9, 60.0) is None
+    assert START_ANSWER_SECS == FORK_REPLY_TIMEOUT
+    assert start_bound(Limits(nnodes=2)) == FORK_REPLY_TIMEOUT + 15.0
+
+
+def test_a_stop_waits_for_no_start_another_hosts_agent_has_not_answered():
+    """SIGTERM at 3.0 s while node 1's answer to the start asked at 1.0 s has not come (its agent beating on): rule 12
+    drops the start at once (``StartsDropped``: its members count as never started, which breaks a group waiting for
+    them); no host is lost. Before, the stop waited its grace (120 s by default), then for ever, for the answer."""
+    import signal as signals
+
+    view = RunView(launch_start=0.0)
+    limits = Limits(nnodes=2, node_timeout=4.0)
+    for i in range(31):
+        now = round(i * 0.1, 6)
+        observe.node_hello(view, NodeHello(1, 1, HOST, 77, [f"{HOST}:4001"], probe=f"{HOST}:4100"), now)
+        if i == 10:
+            observe.starts_waiting(view, 1, now, ["worker1.2"])
+        assert host_actions(view, now, limits) == []
+    observe.stop_requested(view, signals.SIGTERM, 3.0, 120.0)
+    (dropped,) = host_actions(view, 3.0, limits)
+    assert dropped == StartsDropped(1, ("worker1.2",), 2.0), dropped
+
+
+def _node0_beats(phase: float) -> list[float]:
+    """When node 0's beats, every 0.1 s from ``phase``, reach the agent (a LAN: at once)."""
+    return [round(phase + 0.1 * k, 6) for k in range(400)]
+
+
+def test_a_one_way_cut_of_node_0s_frames_is_found_within_half_a_second_by_the_agents_word_and_the_probes() -> None:
+    """Node 0's frames to node 1 dropped from C (its beats and its probes' handshakes lost), node 1's passing: node 1's
+    beats keep reaching node 0 for 0.25 s (until its TCP waits for node 0's acknowledgements), each saying how long the
+    agent has heard nothing from node 0. Found within 0.5 s of the cut, whatever the phases of the beats and node 0's
+    rounds, named a one-way cut (``NodeLost.deaf``). Before, only once the beats were ``BLIP_SECS`` late: 0.65 s."""
+    for tick in (0.01, 0.05, 0.1):
+        for phase in (0.0, 0.03, 0.07, 0.099):
+            for mine in (0.0, 0.05, 0.09):  # (node 0's beats' phase against the agent's)
+                cut = 10.0 + phase
+                heard = max(b for b in _node0_beats(mine) if b < cut)
+                beats = steady(0.0, cut + 0.25)
+                said = {b: round(b - heard, 3) if b > cut else 0.05 for b in beats}
+                found = run(beats, lambda t: True if t < cut else None, until=20, tick=tick, deaf=said)
+                assert found is not None, (tick, phase, mine)
+                at, lost = found
+                assert at - cut <= 0.5, (tick, phase, mine, at - cut)
+                assert lost.deaf >= DEAF_SECS and lost.unanswered is not None and lost.unanswered >= 0.1, lost
+
+
+def test_a_blip_both_ways_of_up_to_a_quarter_second_is_ridden_out_though_the_agents_late_hellos_say_it_heard_nothing():
+    """Every frame dropped both ways for ``length`` s from B, then passing: the hellos node 1 sent meanwhile reach node
+    0 at the blip's end (TCP's retransmission), each saying how long the agent had heard nothing, and so do the next
+    ones until node 0's own retransmission reaches the agent (0.2 s more). Node 0's probes sent during the blip went
+    unanswered, those after are answered: never lost, at any phase (the probes of the blip are not the one-way cut's
+    evidence, only those sent since a hello said the agent heard nothing)."""
+    for length in (0.1, 0.2, 0.25):
+        for tick in (0.01, 0.05, 0.1):
+            for phase in (0.0, 0.03, 0.07, 0.099):
+                start = 10.0 + phase
+                end = start + length
+                heard = max(b for b in _node0_beats(0.04) if b < start)
+                sent = steady(0.0, 20.0, jitter=0.0)
+                arrive = {t: (round(end + 0.01, 6) if start <= t < end else t) for t in sent}
+                said: dict[float, float] = {}
+                for t in sent:  # (several held hellos arrive together: the last said counts)
+                    said[arrive[t]] = round(t - heard, 3) if start <= t < end + 0.2 else 0.05
+                found = run(sorted(set(arrive.values())), lambda t: None if start <= t < end else True, until=20,
+                            tick=tick, deaf=said)
+                assert found is None, (length, tick, phase, found)
+
+
+def test_a_slow_agent_that_says_it_heard_nothing_is_never_lost_its_kernel_answering() -> None:
+    """An agent stopped 200 ms every 3 s, whose first hello after each stop says it heard nothing from node 0 for 0.3 s
+    (its loop's reads came after), and one starved of CPU whose hellos say so now and then: node 0 probes, the host's
+    kernel answers, never lost."""
+    beats, said = [], {}
+    for t in steady(0.0, 60.0):
+        k = int(t // 3.0)
+        stop = (k * 3.0 + 1.0, k * 3.0 + 1.2)
+        b = stop[1] + 0.002 if stop[0] <= t < stop[1] else t
+        beats.append(b)
+        said[b] = 0.3 if stop[0] <= t < stop[1] else 0.05
+    rng = random.Random(11)
+    for t in steady(60.0, 120.0):
+        beats.append(t)
+        said[t] = rng.uniform(0.15, 0.45) if rng.random() < 0.1 else 0.05
+    beats = sorted(set(beats))
+    for tick in (0.02, 0.1):
+        assert run(beats, alive, until=120, tick=tick, deaf=said, rtt=0.03) is None
+
+
+def test_a_blip_whose_two_ways_heal_apart_is_ridden_out_though_node_0s_frames_pass_a_moment_later() -> None:
+    """A blip of 0.2 s both ways whose end heals node 1's frames first and node 0's 0.08 s later (two links, or two
+    qdiscs taken off one after the other under load): node 1's held hellos reach node 0 saying the agent heard
+    nothing, and node 0's probes sent meanwhile go unanswered until its own frames pass. Ridden out at any phase:
+    the one-way rule waits ``ONE_WAY_WINDOW`` (0.15 s) of unanswered probes (with ``PROBE_WINDOW``'s 0.1 s, a host
+    loss at some phases; the blip benchmark's blips heal so, one ``tc`` after the other)."""
+    for tick in (0.01, 0.05, 0.1):
+        for phase in (0.0, 0.03, 0.07, 0.099):
+            start = 10.0 + phase
+            end, healed = start + 0.2, start + 0.28
+            heard = max(b for b in _node0_beats(0.04) if b < start)
+            sent = steady(0.0, 20.0, jitter=0.0)
+            arrive = {t: (round(end + 0.01, 6) if start <= t < end else t) for t in sent}
+            said: dict[float, float] = {}
+            for t in sent:
+                said[arrive[t]] = round(t - heard, 3) if start <= t < healed + 0.05 else 0.05
+            found = run(sorted(set(arrive.values())), lambda t: None if start <= t < healed else True, until=20,
+                        tick=tick, deaf=said)
+            assert found is None, (tick, phase, found)

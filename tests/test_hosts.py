@@ -490,6 +490,37 @@ def test_a_node_timeout_that_is_not_positive_is_a_usage_error(tmp_path):
     assert not os.path.exists(tmp_path / "r")
 
 
+@pytest.mark.parametrize("route", ["none", "unreachable"])
+def test_an_agent_with_no_route_to_node_0_is_one_line_and_exit_2_with_nothing_started(tmp_path, route):
+    """Node 1's agent alone in a network namespace with no route to node 0's --master-addr (``none``: only its
+    loopback, ENETUNREACH; ``unreachable``: an ``ip route add unreachable`` of node 0's subnet, EHOSTUNREACH; a wrong
+    address is the same): one line naming the address and what to check, exit 2, no logdir made and no process
+    left in the namespace (with --fork-prewarm: no seed planted). Before: a Python traceback (``OSError: [Errno 101]
+    Network is unreachable``) from the agent's start."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (ip netns) for a namespace without a route")
+    ns, addr = f"pvtnr{_W}", f"{PREFIX}.1:5999"
+    ip("netns", "del", ns, check=False)
+    ip("netns", "add", ns)
+    try:
+        ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        if route == "unreachable":
+            ip("netns", "exec", ns, "ip", "route", "add", "unreachable", f"{PREFIX}.0/24")
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "procsv", "launch", "procsv.examples.digits",
+                              "--logdir", str(tmp_path / "r"), "--nnodes", "2", "--node-rank", "1", "--master-addr", addr,
+                              "--fork-prewarm"], capture_output=True, text=True, env=quiet_env(), timeout=60)
+        left = host_pids(ns)
+    finally:
+        ip("netns", "del", ns, check=False)
+    why = "Network is unreachable" if route == "none" else "No route to host"
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (f"procsv: error: node 1 has no route to node 0's --master-addr {addr} ({why}): check the "
+                                  "address (node 0's `procsv launch --node-rank 0` prints \"waiting for the other hosts "
+                                  f"at HOST:PORT\") and this host's routes (`ip route get {PREFIX}.1`)"), out.stderr
+    assert not os.path.exists(tmp_path / "r")
+    assert left == [], left
+
+
 @pytest.mark.slow
 def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(hosts, logdir):
     """SIGTERM reaches node 0 and, at the same moment, node 1's agent dies (a scheduler ending the
@@ -518,6 +549,44 @@ def test_a_host_lost_during_node_0s_orderly_stop_does_not_keep_the_launch_alive(
     lost = events(logdir, "node_lost")
     assert len(lost) == 1 and lost[0]["node"] == 1, lost
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
+
+
+@pytest.mark.slow
+def test_a_start_node_1s_agent_never_answers_loses_the_host_after_a_bound_and_never_holds_a_stop(hosts, logdir):
+    """Node 1's agent beats on but answers none of node 0's first two starts (``agent:start_unanswered:1-2``: each
+    read and dropped, as one lost with a connection node 0 did not see replaced). The first goes unanswered past
+    rule 12's bound (``START_ANSWER_SECS`` plus --node-timeout 4): the host is lost, said with what to do, and taken
+    back at its next hello; the second is still unanswered when SIGTERM reaches node 0, which ends at once, its
+    agent told to stop. Before: node 0 waited for the first for ever, and a stop waited the stop's grace (120 s),
+    then for ever."""
+    from procsv.common import env as envvars
+    from procsv.watchdog.rules.hosts import START_ANSWER_SECS
+
+    addr = master_addr()
+    args = (*PACED, "--steps", "1000000")
+    master = launch(logdir, *args, opts=("--nnodes", "2", "--master-addr", addr, "--node-timeout", "4"))
+    node1 = agent(logdir, addr, *args, env={**quiet_env(), envvars.FAULT: "agent:start_unanswered:1-2"})
+    code: Optional[int] = None
+    try:
+        lost = wait_for(lambda: events(logdir, "node_lost"), 60, what="node 1 lost for its unanswered start")
+        wait_for(lambda: [r for r in events(logdir, "restarted") if r.get("attempt") == 2], 60,
+                 what="the group's restart, its start asked of node 1 again")
+        time.sleep(1.0)  # (its StartMembers out, and dropped)
+        assert not events(logdir, "first_step")
+        os.killpg(master.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        code, out, err = finish(master, timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        acode, aerr = end_job(master, node1, code)
+    assert len(lost) == 1 and lost[0]["node"] == 1, lost
+    assert "worker1" in lost[0]["reason"] and "answered no start" in lost[0]["reason"], lost
+    assert lost[0]["silent_secs"] < 1.0, lost  # (it beat on: lost by the start, not by its silence)
+    assert re.search(r"node 1 \(\S+\) is lost: its agent answered no start of worker1 \(attempt 1\) for "
+                     rf"{START_ANSWER_SECS + 4:.0f}\.\d s .*procsv launch --node-rank 1", err), err
+    assert code == 143, err
+    assert took < 15, took
+    assert acode == 143, aerr
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from procsv.watchdog.multihost.masterseen import (UNANSWERED_KEPT, master_beat, 
                                                   master_probes_looked)
 from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, PROBE_EVERY, SUSPECT_CAP, master_lost, master_probe_due,
                                          master_redial)
-from procsv.watchdog.rules.state import NodeView
+from procsv.watchdog.rules.state import Healed, NodeView
 from test_host_loss_pure import alive, steady
 
 MASTER = "10.0.0.1:29400"
@@ -172,7 +172,7 @@ def test_a_partition_that_heals_makes_the_agent_redial_within_a_turn_or_two_what
             lost, dialed, master = redials(steady(0.0, 10.0) + beats_back, kernel, until=heal + 5)
             assert len(lost) == 1 and lost[0] - 10.0 <= 0.5, lost
             assert len(dialed) == 1 and heal <= dialed[0] <= heal + 2 * TURN, (length, beats_back[:1], dialed)
-            assert master.healed_after >= length - 0.5, master.healed_after
+            assert master.healed is not None and master.healed.after >= length - 0.5, master.healed
             assert len(master.unanswered) <= UNANSWERED_KEPT + 1
 
 
@@ -186,11 +186,11 @@ def test_a_slow_master_lost_at_the_node_timeout_is_never_redialed_nor_one_still_
     lost, dialed, master = redials(steady(0.0, 5.0), lambda t: True if t < 5.0 else None, until=60)
     assert len(lost) == 1 and dialed == [] and master.probed_at is not None and master.probed_at > 59.0
     master = master_beat(NodeView(0, probe=MASTER, lost_at=10.0, unanswered=[9.9, 9.95, 10.0], looked_at=19.98), 20.0)
-    assert master.healed_at == 20.0 and master_redial(master, 5.0) and not master_redial(master, 20.05)
+    assert master.healed is not None and master.healed.at == 20.0 and master_redial(master, 5.0) and not master_redial(master, 20.05)
     # a probe just out; one sent before the agent was descheduled 2 s, not looked at since: no silence seen
     for unanswered, looked in (([29.98], 29.99), ([27.9], 27.91)):
         answered = master_beat(NodeView(0, probe=MASTER, lost_at=25.0, unanswered=unanswered, looked_at=looked), 30.0)
-        assert answered.healed_at is None and not master_redial(answered, 5.0)
+        assert answered.healed is None and not master_redial(answered, 5.0)
 
 
 def test_a_word_from_a_master_found_lost_ends_its_loss_so_the_members_it_starts_are_not_stopped() -> None:
@@ -202,11 +202,11 @@ def test_a_word_from_a_master_found_lost_ends_its_loss_so_the_members_it_starts_
     master = NodeView(0, probe=MASTER)
     for t in steady(0.0, 5.0):
         master = master_beat(master, t)
-    master = dataclasses.replace(master, lost_at=5.3, unanswered=[5.2, 5.25], healed_at=15.0, healed_after=9.8)
+    master = dataclasses.replace(master, lost_at=5.3, unanswered=[5.2, 5.25], healed=Healed(15.0, 9.8))
     gaps = list(master.gaps)
     heard = master_heard(master, 15.1)
     assert heard.lost_at is None and heard.last_beat == 15.1 and heard.unanswered == [] and heard.gaps == gaps
-    assert (heard.healed_at, heard.healed_after) == (15.0, 9.8) and not master_redial(heard, 15.05)
+    assert heard.healed == Healed(15.0, 9.8) and not master_redial(heard, 15.05)
     assert master_lost(heard, 15.15, 15.0) is None and master_lost(heard, 15.15, 4.0) is None
     live = master_beat(heard, 15.2)  # (a connected master: a word changes nothing)
     assert master_heard(live, 15.25) == live
@@ -222,14 +222,14 @@ def test_late_answers_to_probes_sent_in_the_partition_are_one_healing_not_two() 
     for s in sent:
         master = master_probe_sent(master, s)
     master = master_probes_looked(master, 20.1, [(19.1, True)])  # (its SYN sent again at 20.1: answered first)
-    assert master.healed_at == 20.1 and master.healed_after >= 9.0 and master_redial(master, 5.0)
+    assert master.healed is not None and master.healed.at == 20.1 and master.healed.after >= 9.0 and master_redial(master, 5.0)
     master = master_probes_looked(master, 20.15, [(20.05, True), (19.15, True)])
-    assert master.healed_at == 20.1 and not master_redial(master, 20.1)
-    both = master_probes_looked(dataclasses.replace(master, healed_at=None, unanswered=sent), 20.1,
+    assert master.healed is not None and master.healed.at == 20.1 and not master_redial(master, 20.1)
+    both = master_probes_looked(dataclasses.replace(master, healed=None, unanswered=sent), 20.1,
                                 [(19.1, True), (20.05, True)])  # (the two at one look)
-    assert both.healed_at == 20.1 and both.healed_after >= 9.0
+    assert both.healed is not None and both.healed.at == 20.1 and both.healed.after >= 9.0
     master = master_beat(master, 20.2)  # (its first beat over the new connection: no healing either)
-    assert master.healed_at == 20.1 and not master_redial(master, 20.1)
+    assert master.healed is not None and master.healed.at == 20.1 and not master_redial(master, 20.1)
 
 
 def test_an_agent_says_its_live_members_started_again_once_on_each_new_connection() -> None:

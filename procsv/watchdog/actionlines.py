@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import signal
 
-from procsv.watchdog.rules.actions import Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StopFailing
+from procsv.watchdog.rules.actions import (Cause, GiveUpTask, Kill, NodeLost, Restart, Signal, StandbyGone, StartsDropped,
+                                           StopFailing)
 from procsv.watchdog.rules.bookkeeping import find
 from procsv.watchdog.rules.group import blame, members, restarts_after
+from procsv.watchdog.rules.hosts import START_ANSWER_SECS
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.state import SERVER, STANDBY, SUMMARY, TRAINER, WORKER, RunView
@@ -153,12 +155,22 @@ def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Repor
     the probes its host's kernel left unanswered (the fast path: a silent host, not a slow agent), or with the
     reset its host answered (its agent gone)."""
     silent = round(action.silent_secs, 3)  # (the record's figure: its line says the same, rounded from it)
-    if action.reset:
+    if action.unstarted:
+        what = ", ".join(f"{slot} (attempt {attempt})" for slot, _, attempt in (m.rpartition(".") for m in action.unstarted))
+        why = f"its agent answered no start of {what} for {action.start_secs:.1f} s while it beat on (the request " \
+              f"lost, or the agent's loop wedged; bound: {START_ANSWER_SECS:g} s of its own fork bound + " \
+              f"--node-timeout {limits.node_timeout:g}); if it happens again, look at `procsv launch --node-rank " \
+              f"{action.node}` on that host (its stderr, `py-spy dump --pid` of its agent)"
+    elif action.reset:
         why = f"its agent sent no heartbeat for {silent:.2f} s and its host answered a probe with a " \
               f"reset (no agent listens on its probe port: the agent is gone; before --node-timeout " \
               f"{limits.node_timeout:g})"
     elif action.unanswered is None:
         why = f"its agent sent no heartbeat for {silent:.1f} s (--node-timeout {limits.node_timeout:g})"
+    elif action.deaf:
+        why = f"its agent said it had heard nothing from node 0 for {action.deaf:.2f} s (its heartbeats still coming, " \
+              f"the last {silent:.2f} s ago) and its host answered no probe for {action.unanswered:.2f} s (node 0's " \
+              f"packets to it are lost: a one-way cut; before --node-timeout {limits.node_timeout:g})"
     else:
         why = f"its agent sent no heartbeat for {silent:.2f} s and its host answered no probe for " \
               f"{action.unanswered:.2f} s (silent, not slow; before --node-timeout {limits.node_timeout:g})"
@@ -169,6 +181,14 @@ def node_lost_reports(action: NodeLost, host: str, limits: Limits) -> list[Repor
                           "a checkpoint once it is back" if limits.elastic else
                           f"restarts once it is back (waiting up to --rejoin-timeout {limits.rejoin_timeout:g} s)"),
                    err=True)]
+
+
+def starts_dropped_reports(action: StartsDropped, host: str) -> list[Report]:
+    """The line for a stop that waits for no start of another host (rule 12: :class:`StartsDropped`)."""
+    what = ", ".join(f"{slot} (attempt {attempt})" for slot, _, attempt in (m.rpartition(".") for m in action.members))
+    return [Report(say=f"procsv: node {action.node} ({host}) has not answered the start of {what}, asked "
+                       f"{action.waited:.1f} s ago: the stop does not wait for it (its agent is told to stop whatever "
+                       "it started)", err=True)]
 
 
 def task_gave_up_reports(view: RunView, action: GiveUpTask) -> list[Report]:

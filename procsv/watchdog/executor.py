@@ -33,9 +33,9 @@ from procsv.common.mutex import RobustMutex
 from procsv.watchdog import observe
 from procsv.watchdog.lateblame import breaker_found
 from procsv.watchdog.actionlines import (kill_reports, membership_reports, node_lost_reports, restart_reports, signal_reports, standby_gone_reports,
-                                         stop_failing_reports, task_gave_up_reports)
+                                         starts_dropped_reports, stop_failing_reports, task_gave_up_reports)
 from procsv.watchdog.rules.actions import (Action, ArmChaos, Finish, GiveUp, GiveUpService, GiveUpTask,
-                                     Kill, NodeLost, Promote, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
+                                     Kill, NodeLost, Promote, StartsDropped, RespawnService, Restart, Signal, SkipChaos, Spawn, StandbyGone,
                                      StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.rules.bookkeeping import find, note
@@ -135,6 +135,11 @@ class Executor(Prewarmed):
             self.remote.lost(action.node) if self.remote is not None else None  # (its members not started: lost too)
             note(self.view, action, now, self.limits)
             self.report(node_lost_reports(action, self.view.nodes[action.node].host, self.limits) + breaker_found(self.view))
+            return
+        if isinstance(action, StartsDropped):
+            self.remote.dropped(action.node) if self.remote is not None else None  # (each added, never started)
+            note(self.view, action, now, self.limits)
+            self.report(starts_dropped_reports(action, self.view.nodes[action.node].host))
             return
         if isinstance(action, StopFailing):
             note(self.view, action, now, self.limits)

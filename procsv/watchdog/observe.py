@@ -25,7 +25,7 @@ from procsv.watchdog.rules.findings import SpikeSeen
 from procsv.watchdog.rules.lifecycle import ProcState
 from procsv.watchdog.rules.group import blame, copy_held, members, peer_found, workers
 from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_span, stuck_peers
-from procsv.watchdog.rules.hosts import GAPS_KEPT
+from procsv.watchdog.rules.hosts import DEAF_SECS, GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.common.clock.unwatched import Stop, stopped_within
 from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
@@ -495,7 +495,12 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
         node.gaps = [*node.gaps[1 - GAPS_KEPT:], now - node.last_beat]
     if msg.probe != node.probe:
         node.probe, node.probe_ok = msg.probe, False  # (a new agent: its port is proven again)
-    node.unanswered, node.reset_at = [], None
+    # (a hello that says its agent hears nothing from node 0 keeps the probes sent since it first said so: their
+    # answer, or its lack, is what tells a one-way cut from a late beat, rules.hosts.one_way_cut)
+    deaf = not back and msg.deaf >= DEAF_SECS
+    node.waits.deaf, node.waits.deaf_from = msg.deaf, (node.waits.deaf_from if node.waits.deaf_from is not None else now) if deaf else None
+    node.unanswered = [s for s in node.unanswered if node.waits.deaf_from is not None and s >= node.waits.deaf_from]
+    node.reset_at = None
     node.host, node.pid, node.addresses, node.live, node.last_beat = msg.host, msg.pid, list(msg.addresses), \
         list(msg.live), now
     kept = None if back else node.ready_at  # (a new agent: its own pre-warmed trainer)
@@ -505,6 +510,15 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     node.lost_at, node.joined_at = None, now
     return [Report(Event.NODE_JOINED, {"node": msg.node, "host": msg.host, "pid": msg.pid, "link": msg.link},
                    say=f"procsv: node {msg.node} ({msg.host}, agent pid {msg.pid}) joined")]
+
+
+def starts_waiting(view: RunView, node: int, asked_at: Optional[float], members: list[str]) -> None:
+    """The oldest start node 0 asked of host ``node``'s agent that no ``MemberStarted`` answered yet: first sent at
+    ``asked_at`` (None: none waits), for ``members`` (``slot.attempt``); rule 12 bounds the wait
+    (:func:`~procsv.watchdog.rules.hosts.start_unanswered`)."""
+    n = view.nodes.get(node)
+    if n is not None:
+        n.waits.asked_at, n.waits.asked = asked_at, list(members)
 
 
 def suspended(stops: list[Stop], total: float) -> list[Report]:

@@ -136,14 +136,14 @@ class NodeAgent(Prewarmed):
     the watchdog's executor does (:class:`~procsv.watchdog.prewarm.Prewarmed`)."""
 
     def __init__(self, cfg: LaunchConfig, clock: Callable[[], float] = time.monotonic,
-                 pulse: Optional[LoopPulse] = None) -> None:
+                 pulse: Optional[LoopPulse] = None, host: str = "") -> None:
         assert cfg.master_addr is not None
         super().__init__()  # (its zygote: unless --no-prewarm)
         self.cfg = cfg
         self.layout = Layout(os.path.abspath(cfg.logdir))
         # every timer's clock: ``clock`` without the time this process was stopped (SIGSTOP, then SIGCONT)
         self.clock = clock if isinstance(clock, WatchedClock) else WatchedClock(clock)
-        self.host = host_ip(cfg.master_addr)
+        self.host = host or host_ip(cfg.master_addr, cfg.node_rank)  # (the launch's, resolved before anything started)
         self.members: dict[str, ChildProcess] = {}  # by "slot.attempt"; the pidfd of each signals it
         self.stop_code: Optional[int] = None
         self.keys = curve.AgentKeys.new()  # this agent's own key pair; the secret never leaves this process
@@ -294,7 +294,7 @@ class NodeAgent(Prewarmed):
                     # within a turn of its handshake, not a beat later)
                     if send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                               self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
-                                              probe)):
+                                              probe, round(max(0.0, self.clock() - self.heard_at), 3))):
                         beat_at = now
                         for news in started_again([(m.slot, m.attempt, m.pid) for m in self.members.values()
                                                    if m.proc.poll() is None], link, told):
@@ -406,6 +406,8 @@ class NodeAgent(Prewarmed):
                 continue
             self.refused_at = None
             if isinstance(msg, StartMembers):
+                if faults.fires("agent", "start_unanswered"):  # tests: a start never answered while the agent beats
+                    continue  # on (lost with a connection node 0 did not see replaced, or its loop wedged)
                 self._start(dealer, msg)
             elif isinstance(msg, PromoteMember):
                 promote(self.members, self.runtime, msg)

@@ -29,7 +29,7 @@ from procsv.common.layout import Layout, read_json
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.multihost.probes import Prober
 from procsv.watchdog.rules.hosts import BLIP_SECS, GAPS_KEPT, PROBE_WINDOW, master_lost, master_probe_due, master_redial
-from procsv.watchdog.rules.state import NodeView
+from procsv.watchdog.rules.state import Healed, NodeView
 
 # the probes of a silent master kept in its view: the silence's first and the newest (a partition of hours is probed
 # every 0.05 s; what master_lost and master_redial read is the first and the last few)
@@ -40,15 +40,15 @@ def master_beat(master: NodeView, now: float) -> NodeView:
     """After a :class:`~procsv.ipc.messages.MasterBeat` read at ``now``: the gap since the last one learnt (not one
     across a loss: the detector learns a connected master's gaps only), its probes since forgotten, not lost. A
     beat that ends a loss during which node 0's address answered no probe for ``PROBE_WINDOW`` at least is a
-    healing too (``healed_at``): node 0's side of the connection retried first, the agent's side may still wait."""
+    healing too (``healed``): node 0's side of the connection retried first, the agent's side may still wait."""
     gaps = [*master.gaps[1 - GAPS_KEPT:], now - master.last_beat] \
         if master.last_beat is not None and master.lost_at is None else master.gaps
     # (the silence as the agent's last look saw it: a probe it sent and was descheduled before looking at is none)
-    healed = (now, now - master.unanswered[0]) if master.lost_at is not None and master.unanswered \
+    healed = Healed(now, now - master.unanswered[0]) if master.lost_at is not None and master.unanswered \
         and master.looked_at is not None and master.looked_at - master.unanswered[0] >= PROBE_WINDOW \
-        and _since_healed(master.healed_at, master.unanswered[0]) else (master.healed_at, master.healed_after)
+        and _since_healed(master.healed, master.unanswered[0]) else master.healed
     return dataclasses.replace(master, gaps=gaps, last_beat=now, lost_at=None, unanswered=[], reset_at=None,
-                               healed_at=healed[0], healed_after=healed[1])
+                               healed=healed)
 
 
 def master_heard(master: NodeView, now: float) -> NodeView:
@@ -75,25 +75,24 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
     host was up then); a reset does not (node 0's port is its launch's own socket: a refusal means the launch is
     gone). :func:`~procsv.watchdog.rules.hosts.kernel_silent` counts what was still out at this look, as node 0's
     rule 12 does for an agent (never the agent's own lateness in deciding)."""
-    unanswered, ok, healed = master.unanswered, master.probe_ok, (master.healed_at, master.healed_after)
+    unanswered, ok, healed = master.unanswered, master.probe_ok, master.healed
     for sent, handshake in answers:
         if handshake:
             # none answered since (the address was silent), in a silence begun after the last healing (a late answer
             # to a probe of the same silence, its SYN sent again by the kernel after the heal: no second healing), and
             # no beat for BLIP_SECS at least (a blip rule 12 rode out on both sides: TCP retransmits what it dropped
             # on the connection the agent has, ~0.6 s after its start at most; a new one would drop what it queued)
-            if unanswered and sent - unanswered[0] >= PROBE_WINDOW and _since_healed(healed[0], unanswered[0]) \
+            if unanswered and sent - unanswered[0] >= PROBE_WINDOW and _since_healed(healed, unanswered[0]) \
                     and (master.last_beat is None or sent - master.last_beat >= BLIP_SECS):
-                healed = looked_at, sent - unanswered[0]
+                healed = Healed(looked_at, sent - unanswered[0])
             unanswered, ok = [s for s in unanswered if s > sent], True
-    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed_at=healed[0],
-                               healed_after=healed[1])
+    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed=healed)
 
 
-def _since_healed(healed_at: Optional[float], silent_from: float) -> bool:
+def _since_healed(healed: Optional[Healed], silent_from: float) -> bool:
     """Whether a silence whose first unanswered probe was sent at ``silent_from`` began after the last healing
-    (looked at ``healed_at``; None: none yet)."""
-    return healed_at is None or silent_from > healed_at
+    (``healed``; None: none yet)."""
+    return healed is None or silent_from > healed.at
 
 
 def status_stamp(layout: Layout) -> Any:
@@ -162,7 +161,7 @@ class MasterSeen:
     def redial(self, dialed_at: float) -> Optional[float]:
         """How long node 0's address answered no probe before it answered again, if the agent replaces its
         connection now (:func:`master_redial`: made at ``dialed_at``); None: it keeps it."""
-        return self.view.healed_after if master_redial(self.view, dialed_at) else None
+        return self.view.healed.after if self.view.healed is not None and master_redial(self.view, dialed_at) else None
 
     @property
     def is_lost(self) -> bool:

@@ -10,8 +10,9 @@ anything it says or its socket's name: a key holds the node rank it first claims
 (:func:`~procsv.watchdog.rules.hosts.claim_node` decides); another key's claim of that rank is
 refused (:class:`~procsv.ipc.node_messages.NodeRefused`) and logged once (``node_refused``). It beats
 every :data:`BEAT_SECS` (each beat carries node 0's ``--node-timeout``, which the agents use for it)
-so that an agent notices a master that is gone, probes the hosts whose agents' beats are late
-(:meth:`NodeLink.probe`, :mod:`.probes`: rule 12 tells a slow agent from a silent host by them), and removes
+so that an agent notices a master that is gone, probes the hosts whose agents' beats are late, or whose agents say
+they hear nothing from node 0 (:meth:`NodeLink.probe`, :mod:`.probes`: rule 12 tells a slow agent from a silent host,
+and finds a one-way cut of node 0's frames, by them), and removes
 the keys folder when the launch ends.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from procsv.common.errors import UsageError
 from procsv.common.layout import Layout
 from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import (RELAYABLE, MasterBeat, MemberEnded, MemberLooked, MemberStarted, Message, NodeHello, NodeRefused,
@@ -221,11 +223,24 @@ class NodeLink:
             curve.remove_job(self.layout)
 
 
-def host_ip(master_addr: str) -> str:
-    """This host's address on the route to ``master_addr`` (what its members listen on)."""
+def host_ip(master_addr: str, node: int = 1) -> str:
+    """This host's address on the route to ``master_addr`` (what its members listen on), for node agent ``node``.
+    Raises :class:`~procsv.common.errors.UsageError` with one line when there is none: a name that does not resolve,
+    or no route to it (``ENETUNREACH``: no route at all; ``EHOSTUNREACH``, ``EACCES``, ``EINVAL``: an ``unreachable``,
+    ``prohibit`` or ``blackhole`` route). Before, the agent ended with a Python traceback."""
     import socket
 
     host, _, port = master_addr.rpartition(":")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, int(port or 1)))  # UDP: no packet is sent
-        return str(s.getsockname()[0])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port or 1)))  # UDP: no packet is sent
+            return str(s.getsockname()[0])
+    except socket.gaierror as exc:
+        raise UsageError(f"node {node} cannot resolve node 0's --master-addr {master_addr} ({exc.strerror}): give "
+                         "node 0's address as `procsv launch --node-rank 0` prints it (\"waiting for the other hosts "
+                         "at HOST:PORT\")") from None
+    except OSError as exc:
+        raise UsageError(f"node {node} has no route to node 0's --master-addr {master_addr} "
+                         f"({exc.strerror or exc}): check the address (node 0's `procsv launch --node-rank 0` prints "
+                         f"\"waiting for the other hosts at HOST:PORT\") and this host's routes (`ip route get "
+                         f"{host}`)") from None

@@ -64,6 +64,8 @@ class RemoteMembers:
         # out), sent again while one of their members is still pending, down the node's new route or after a
         # send that failed (resend)
         self.asked: dict[tuple[int, int, tuple[str, ...]], tuple[list[int], list[str], dict[str, str], bool]] = {}
+        # ... and when each was first sent (watched clock): rule 12 bounds the wait for its answer (start_unanswered)
+        self.asked_at: dict[tuple[int, int, tuple[str, ...]], float] = {}
         # the promotions sent to an agent: (node, standby slot, attempt) -> (the message, sent: the last send went
         # out), sent again while the agent's hellos still list the member unpromoted, down the node's new route or
         # after a send that failed (resend): the agent promotes a member once however often it is asked
@@ -112,6 +114,7 @@ class RemoteMembers:
     def _ask(self, node: int, attempt: int, slots: tuple[str, ...], ranks: list[int], cluster: list[str],
              env: dict[str, str], standby: bool = False) -> None:
         key = node, attempt, slots
+        self.asked_at.setdefault(key, self.clock())
         sent = self.link.start(node, attempt, ranks, cluster, env, standby)
         if not sent and (key not in self.asked or self.asked[key][3]):  # (said once, not at each try)
             self.report([Report(say=f"procsv: could not send node {node}'s agent its start of {', '.join(slots)} "
@@ -146,9 +149,19 @@ class RemoteMembers:
                 self._promote(node, msg)
 
     def _forget_answered(self) -> None:
-        """Forget the starts none of whose members is still pending (started, ended, or its host lost)."""
+        """Forget the starts none of whose members is still pending (started, ended, or its host lost), and observe
+        each host's oldest start still waiting (:func:`~procsv.watchdog.observe.starts_waiting`)."""
         for key in [k for k in self.asked if not any(self.pending.get(s) == (k[1], k[0]) for s in k[2])]:
             del self.asked[key]
+            self.asked_at.pop(key, None)
+        for node in self.view.nodes:
+            waiting = sorted((self.asked_at[k], k) for k in self.asked if k[0] == node)
+            if not waiting:
+                observe.starts_waiting(self.view, node, None, [])
+                continue
+            at, (_, attempt, slots) = waiting[0]
+            observe.starts_waiting(self.view, node, at, [f"{s}.{attempt}" for s in slots
+                                                         if self.pending.get(s) == (attempt, node)])
 
     def lost(self, node: int) -> None:
         """Host ``node`` was found lost (before :class:`~procsv.watchdog.rules.actions.NodeLost` is noted): the
@@ -162,6 +175,13 @@ class RemoteMembers:
                 role = STANDBY if slot.startswith(STANDBY) else WORKER
                 observe.spawned(self.view, slot, role, attempt, 0, self.clock(), f"node{node}")  # (not recorded)
                 self.view.children[slot].node = node
+        self._forget_answered()
+
+    def dropped(self, node: int) -> None:
+        """A stop came while host ``node``'s agent had not answered a start (before
+        :class:`~procsv.watchdog.rules.actions.StartsDropped` is noted): its members asked are added to the view as
+        started (pid 0: none), which the note ends as never started; the stop waits for none of them."""
+        self.lost(node)
 
     def stale(self, node: int, members: list[tuple[str, int]]) -> None:
         """A hello of host ``node``, found lost, that lists ``members`` still running
@@ -188,6 +208,7 @@ class RemoteMembers:
             self.link.signal(node, slot, attempt, signal.SIGKILL, kill=True)
             return
         del self.pending[slot]
+        self._forget_answered()
         role = STANDBY if slot.startswith(STANDBY) else WORKER  # (a standby group's member: standby<R>)
         self.report(observe.spawned(self.view, slot, role, attempt, pid, self.clock(), f"node{node}"))
         self.view.children[slot].node = node  # the view stays "forking" until the last one (Executor.poll_fork)
@@ -197,6 +218,7 @@ class RemoteMembers:
         signal of this watchdog reached it alive (False: its end was not the watchdog's doing)."""
         if self.pending.get(slot, (0, 0))[0] == attempt:
             del self.pending[slot]
+            self._forget_answered()
         key_job, layout, rank = self.link.job, self.layout, rank_of(slot)
         self.reader.submit(lambda: curve.unfile_members(layout, key_job, before=0, rank=rank, attempt=attempt))
         child = self.view.children.get(slot)
@@ -228,8 +250,9 @@ class RemoteMembers:
         return settled
 
     def live(self) -> bool:
-        """A member on another host that has not ended yet (or is still being started); the members of
-        a host found lost are not waited for (no agent is left to report their end)."""
+        """A member on another host that has not ended yet; the members of a host found lost are not waited for
+        (no agent is left to report their end), nor a start asked and not answered (:attr:`pending`: the
+        ``NodeStop`` at the launch's end has its agent stop whatever it started, after the request; before, the
+        launch's end waited for the answer, for ever when none came)."""
         lost = {node for node, n in self.view.nodes.items() if n.lost_at is not None}
-        return bool(self.pending) or any(c.node != 0 and not c.reaped and c.node not in lost
-                                         for c in self.view.children.values())
+        return any(c.node != 0 and not c.reaped and c.node not in lost for c in self.view.children.values())

@@ -149,12 +149,28 @@ class NodeLost:
     """A host's agent went silent (``--nnodes``): its members count as dead; the group waits for it.
     ``unanswered``: how long its host's kernel answered no probe (found by rule 12's fast path), or None:
     found by ``--node-timeout``, or by ``reset``: its host answered a probe with a reset (no agent listens on
-    its probe port: the agent is gone, its host up)."""
+    its probe port: the agent is gone, its host up); or by ``unstarted``: the members of a start its agent answered
+    for none of ``start_secs`` while it beat on (:func:`~procsv.watchdog.rules.hosts.start_unanswered`)."""
 
     node: int
     silent_secs: float
     unanswered: Optional[float] = None
     reset: bool = False
+    unstarted: tuple[str, ...] = ()
+    start_secs: float = 0.0
+    deaf: float = 0.0  # with ``unanswered``: how long its agent said it had heard nothing from node 0 (a one-way cut)
+
+
+@dataclass(frozen=True)
+class StartsDropped:
+    """A stop came while a start asked of host ``node``'s agent (``members``, ``slot.attempt``) had no answer for
+    ``waited`` seconds (the oldest of its starts waiting): the stop waits for none of them. Each member asked counts as never started (dead: a group waiting
+    for it in its first collective is broken and stopped, rule 11); the launch's ``NodeStop`` has the agent stop
+    whatever it started."""
+
+    node: int
+    members: tuple[str, ...]
+    waited: float
 
 
 @dataclass(frozen=True)
@@ -237,7 +253,7 @@ class StartZygote:
 
 
 Action = Union[Spawn, Signal, TakeStacks, Kill, Restart, RestartTask, GiveUpTask, RespawnService, GiveUpService, StopFailing, Finish,
-               GiveUp, Settle, ArmChaos, SkipChaos, Promote, StandbyGone, NodeLost, StartZygote]
+               GiveUp, Settle, ArmChaos, SkipChaos, Promote, StandbyGone, NodeLost, StartsDropped, StartZygote]
 
 
 @dataclass(frozen=True)

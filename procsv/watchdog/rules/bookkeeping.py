@@ -17,7 +17,7 @@ from typing import Optional
 from procsv.watchdog.rules import group
 from procsv.watchdog.rules import standby
 from procsv.watchdog.rules.actions import (Action, ArmChaos, AuditRollback, Cause, Finish, GiveUp, GiveUpService, Kill,
-                                     NodeLost, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
+                                     NodeLost, StartsDropped, Promote, RespawnService, Restart, RestartTask, GiveUpTask, Settle, Signal, SkipChaos, Spawn,
                                      StandbyGone, StartZygote, StopFailing, TakeStacks)
 from procsv.watchdog.rules.failures import ChildError, Failure
 from procsv.watchdog.rules.hang import inherit, judged_together
@@ -68,13 +68,26 @@ def note(view: RunView, action: Action, now: float, limits: Limits) -> None:
         node = view.nodes[action.node]
         node.lost_at = now
         node.lost_times = [t for t in node.lost_times if now - t <= FLAP_WINDOW] + [now]
+        node.waits.asked_at, node.waits.asked = None, []  # (what was asked of it counts dead: RemoteMembers.lost)
+        how = f"answered no start for {action.start_secs:.1f} s" if action.unstarted else \
+            f"went silent for {action.silent_secs:.1f} s"
         for c in list(view.children.values()):
             if c.node == action.node and not c.reaped:  # its members: dead with their host, as far as the job knows
                 c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
                 c.ended_at = c.ended_at if c.ended_at is not None else now
                 c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
-                                    ChildError(group.HOST_LOST, f"node {action.node} ({node.host}) went silent for "
-                                                           f"{action.silent_secs:.1f} s", "", "run"))
+                                    ChildError(group.HOST_LOST, f"node {action.node} ({node.host}) {how}", "", "run"))
+        return
+    if isinstance(action, StartsDropped):  # (each member added by the executor: RemoteMembers.dropped)
+        node = view.nodes[action.node]
+        node.waits.asked_at, node.waits.asked = None, []
+        for c in list(view.children.values()):
+            if c.node == action.node and c.pid == 0 and not c.reaped:  # (pid 0: asked, never started)
+                c.noticed_dead_at = c.noticed_dead_at if c.noticed_dead_at is not None else now
+                c.ended_at = c.ended_at if c.ended_at is not None else now
+                c.failure = Failure(c.slot, c.attempt, c.pid, -signal.SIGKILL, 0.0, "",
+                                    ChildError(group.NOT_STARTED, f"node {action.node} ({node.host}) had not answered "
+                                                                  f"its start when the stop came", "", "run"))
         return
     if isinstance(action, StopFailing):
         view.failed = True

@@ -182,9 +182,10 @@ def _stop(view: RunView, now: float, limits: Limits) -> list[Action]:
             # handlers replace it, and the group then trained on to the grace's SIGKILL (seen during a restart)
             out += t.stopping(now, view.stop_deadline, limits.stop_resend_secs, Cause.STOP, Cause.STOP_GRACE,
                               resend=limits.world > 1 and not limits.ps)
-    # stopped before a trainer started, or while a restart was pending; a start asked and not answered (a
-    # fork of the zygote, a member asked of another host: a lost StartMembers never is) is waited for only
-    # until the stop's grace ends (its deadline, or None once the grace's SIGKILL went out)
+    # stopped before a trainer started, or while a restart was pending; a start asked and not answered (a fork of
+    # the zygote) is waited for only until the stop's grace ends (its deadline, or None once the grace's SIGKILL went
+    # out); one asked of another host is not: rule 12 drops it in the stop's first round (StartsDropped), and the
+    # view forks no more once the executor did (before, a StartMembers never answered held the stop its whole grace)
     waited = view.forking and view.stop_deadline is not None and now < view.stop_deadline
     if not live and not waited:
         out.append(_stopped_between(view, 128 + view.stop_signal))

@@ -67,6 +67,7 @@ from procsv.watchdog.rules.state import TRAINER, WORKER, ChildView, RunView
 # consequence of another member's end, never a cause of their own while a member was cut off
 PEER_ERRORS = frozenset({"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"})
 HOST_LOST = "HostLost"  # the error a member of a lost host is given (rule 12: procsv.watchdog.rules.bookkeeping)
+NOT_STARTED = "NotStarted"  # ... and a member asked of another host, unanswered when a stop came (StartsDropped)
 
 
 def worker_slot(rank: int) -> str:
@@ -340,11 +341,13 @@ def group_actions(view: RunView, now: float, grace: float, at_once: bool, wait: 
             out.append(Signal(m.slot, m.attempt, signal.SIGTERM, Cause.GROUP, _why(first)))
         elif m.signalled_at is not None and now >= m.signalled_at + grace:
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
-        elif m.signalled_at is None and m.stop_sent_at is not None and broke is not None and now >= broke + grace:
+        elif m.signalled_at is None and m.stop_sent_at is not None and broke is not None and not dead \
+                and now >= broke + grace:
             # stopping for the run's stop (rule 2's SIGTERM came first) when the group broke: its orderly stop
             # waits for the broken member in a collective, so it gets rule 11's grace from the break, not the
             # stop's (120 s by default; TensorFlow ends such a wait only sometimes: a host lost as node 0 was
-            # SIGTERMed left node 0 waiting in one of three runs, seen in a fresh-clone CI run)
+            # SIGTERMed left node 0 waiting in one of three runs, seen in a fresh-clone CI run; a member that never
+            # started, asked of another host, breaks it the same way: the rest wait in their first collective)
             out.append(Kill(m.slot, m.attempt, Cause.GROUP, _why(first)))
     return out
 

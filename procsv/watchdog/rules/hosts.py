@@ -28,6 +28,18 @@ agent's heartbeats), the time ``now`` passed in and the :class:`~procsv.watchdog
   waits until every host is connected again, or with ``--min-nodes`` starts at once on the hosts left
   (:func:`~procsv.watchdog.rules.membership.next_nodes`). Also
   while the run finishes: the launch waits for no member of a lost host.
+- A one-way cut of node 0's frames to a host (its beats still coming until its TCP waits for node 0's
+  acknowledgements, ~0.25 s): its agent's hellos say how long it has heard nothing from node 0 (``NodeHello.deaf``);
+  one saying ``DEAF_SECS`` or more starts node 0's probes at once, and the host is lost once those sent since went
+  unanswered ``ONE_WAY_WINDOW`` (:func:`one_way_cut`; found in 0.34 s, before 0.53-0.69 s, past the 0.5 s goal).
+- A host whose agent beats on but answers none of a start node 0 asked of it (``StartMembers``: no ``MemberStarted``
+  for a member of it) for :func:`start_bound` seconds (the agent's own bound on its pre-warmed trainer's fork,
+  ``START_ANSWER_SECS``, plus ``node_timeout``) is lost too (:func:`start_unanswered`: the request lost with a
+  connection node 0 did not see replaced, or an agent whose loop is wedged while something else beats), said with
+  what to do; its hello takes it back, and the group's restart asks it again. Before, node 0 waited for the answer
+  for ever (the view ``forking``: no restart, and a stop waited its grace, then for ever for the member asked).
+  A stop waits for no such start (:class:`StartsDropped`: its members count as never started, which breaks a group
+  waiting for them in its first collective; the launch's ``NodeStop`` has the agent stop whatever it started).
 - A host that never joined, or was lost and did not come back within ``rejoin_timeout``
   seconds, stops the run in order, which then fails (:class:`StopFailing`). With ``--min-nodes K``
   (elastic, :mod:`procsv.watchdog.rules.membership`) only once fewer than K hosts are left: until
@@ -43,7 +55,7 @@ import enum
 import math
 from typing import Mapping, Optional
 
-from procsv.watchdog.rules.actions import Action, NodeLost, StopFailing
+from procsv.watchdog.rules.actions import Action, NodeLost, StartsDropped, StopFailing
 from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.rules.membership import out_of_group
 from procsv.watchdog.rules.state import NodeView, RunView
@@ -65,6 +77,18 @@ PROBES_MIN = 2
 PROVE_EVERY = 1.0  # a probe port not proven yet is probed this often (one answer proves it)
 PROBE_TIMEOUT = 2.0  # node 0 gives up on one probe after this (it counts as unanswered from the start)
 OWN_STALL_SECS = 2.0  # node 0's own round this late after the one before (watched time): blocked or descheduled, not watching
+# an agent's hello saying it heard nothing from node 0 for this long (NodeHello.deaf: node 0 beats every 0.1 s, so
+# one beat missed and half an interval) starts node 0's probes of its host (rule 12's second signal of a one-way
+# cut, one_way_cut). Low: the probes decide, this only starts them; and a hello sent past ~0.25 s of a cut of node 0's
+# frames no longer reaches node 0 (its agent's TCP then waits for node 0's acknowledgements)
+DEAF_SECS = 0.15
+# ... and the host is lost once the probes sent since went unanswered this long (PROBES_MIN at least): longer than
+# PROBE_WINDOW, so that a blip whose two ways heal apart (node 1's frames passing a moment before node 0's: its held
+# hellos, saying it heard nothing, come first) is ridden out as one that heals at once; a cut still found within 0.5 s
+ONE_WAY_WINDOW = 0.15
+# an agent answers a start (StartMembers) within this once its loop reads it: a fork asked of its pre-warmed trainer is
+# given up after prewarm.FORK_REPLY_TIMEOUT (the same 10 s) and the member started fresh at once (a Popen)
+START_ANSWER_SECS = 10.0
 
 
 def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
@@ -84,6 +108,12 @@ def host_actions(view: RunView, now: float, limits: Limits) -> list[Action]:
             out.append(NodeLost(node, now - n.last_beat, unanswered))
         elif agent_gone(n, now):
             out.append(NodeLost(node, now - n.last_beat, reset=True))
+        elif (cut := one_way_cut(n)) is not None:
+            out.append(NodeLost(node, now - n.last_beat, cut, deaf=n.waits.deaf))
+        elif (waited := start_unanswered(n, now, limits)) is not None:
+            out.append(NodeLost(node, now - n.last_beat, unstarted=tuple(n.waits.asked), start_secs=waited))
+        elif n.waits.asked_at is not None and view.stop_signal is not None:  # (a stop waits for no start of another host)
+            out.append(StartsDropped(node, tuple(n.waits.asked), now - n.waits.asked_at))
     if view.stop_signal is not None or view.finishing:
         return out
     gone = out_of_group(view, now, limits)
@@ -157,11 +187,49 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
     return n.looked_at - out[0]
 
 
+def one_way_cut(n: NodeView) -> Optional[float]:
+    """How long a host's kernel has answered none of node 0's probes sent since its agent first said, in a hello node
+    0 read (``NodeView.deaf_from``), that it had heard nothing from node 0 for ``DEAF_SECS`` or more, once that makes it
+    lost; None: not lost this way. Its hellos reach node 0 and node 0's frames (beats, probes' handshakes) do not
+    reach it: a one-way cut of node 0's frames to it, found as a silent host's (``PROBES_MIN`` probes at least out
+    since ``PROBE_RTT`` at node 0's last look, the oldest since ``ONE_WAY_WINDOW``, none answered) without waiting for
+    its beats to be late: they kept coming until its TCP waited for node 0's acknowledgements (~0.25 s), and were
+    then ``BLIP_SECS`` late at least (before, found 0.654 s after the cut, past the 0.5 s goal). A slow agent's host
+    answers the probes (only the bound applies to it, as for a late beat); a link that dropped both ways (a blip)
+    delivers the hellos it held only once it passes again, when the probes sent since are answered (the probes of
+    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello)."""
+    if not n.probe_ok or n.waits.deaf_from is None or n.looked_at is None or n.lost_at is not None:
+        return None
+    out = [sent for sent in n.unanswered if sent >= n.waits.deaf_from and n.looked_at - sent >= PROBE_RTT]
+    if len(out) < PROBES_MIN or n.looked_at - out[0] < ONE_WAY_WINDOW:
+        return None
+    return n.looked_at - out[0]
+
+
 def agent_gone(n: NodeView, now: float) -> bool:
     """Whether a suspected host answered a probe sent since its agent's last beat with a reset: its host is up
     and no agent listens on its probe port (the agent died, or exited; a port proven once by a handshake, so
     not a firewall's reset), and its members died with it (their parent-death signal)."""
     return n.probe_ok and n.reset_at is not None and suspected(n, now)
+
+
+def start_bound(limits: Limits) -> float:
+    """How long node 0 waits for an agent's answer to a start it asked (:func:`start_unanswered`): the agent's own
+    bound on its answer (``START_ANSWER_SECS``: a fork of its pre-warmed trainer given up, the member started fresh)
+    plus ``node_timeout`` (an agent may be slow that long: stopped, starved of CPU, its beats late but coming)."""
+    return START_ANSWER_SECS + limits.node_timeout
+
+
+def start_unanswered(n: NodeView, now: float, limits: Limits) -> Optional[float]:
+    """How long node 0 has waited for host ``n``'s answer to the oldest start it asked of it (``NodeView.asked_at``,
+    the first send's time on the watched clock: a resend down a new connection does not restart it), once that is
+    past :func:`start_bound`; None: no start waits, or not that long. The host beats on (a silent one is found by
+    its silence first), so its agent reads node 0's messages or never got this one: either way the member asked
+    will not start, and counting the host lost ends the wait as its silence would (the members asked count dead, the
+    group restarts, its next hello takes the host back). A late answer finds its member stale (killed)."""
+    if n.waits.asked_at is None or now - n.waits.asked_at <= start_bound(limits):
+        return None
+    return now - n.waits.asked_at
 
 
 def stale_members(n: NodeView) -> list[tuple[str, int]]:
@@ -185,7 +253,9 @@ def probes_due(view: RunView, now: float) -> list[int]:
     for node, n in sorted(view.nodes.items()):
         if not n.probe or n.last_beat is None or n.lost_at is not None:
             continue
-        every = PROBE_EVERY if suspected(n, now) else None if n.probe_ok else PROVE_EVERY
+        # (suspected: its beats late; deaf: its agent says node 0's frames do not reach it, its own still pass)
+        every = PROBE_EVERY if suspected(n, now) or (n.waits.deaf_from is not None and n.probe_ok) \
+            else None if n.probe_ok else PROVE_EVERY
         if every is not None and (n.probed_at is None or now - n.probed_at >= every - 1e-9):
             due.append(node)
     return due
@@ -269,11 +339,11 @@ def master_probe_due(master: NodeView, now: float) -> bool:
 def master_redial(master: NodeView, dialed_at: float) -> bool:
     """Whether a node agent replaces its connection to its master now (a new socket: ``NodeHello.link`` + 1): node
     0's address answered no probe for ``PROBE_WINDOW`` at least and was heard again since the agent made its
-    connection (``dialed_at``): a handshake answered, or a beat that ended its loss (``healed_at``: a partition
+    connection (``dialed_at``): a handshake answered, or a beat that ended its loss (``healed``: a partition
     healed, the packets pass again). The connection it has waits out TCP's retransmission backoff on the agent's
     side (from 0.2 s, doubled at each unanswered try up to 120 s: after a partition of P seconds its next try
     comes up to about P later, and only then does its hello pass; node 0's side retries on its own backoff, so
     node 0's beats may come back first); a new one is up within a few round trips. Once per healing: a master
     whose kernel answered all along (a slow one, lost at ``node_timeout``) lost no packet and keeps its
     connection."""
-    return master.healed_at is not None and master.healed_at > dialed_at
+    return master.healed is not None and master.healed.at > dialed_at

@@ -268,6 +268,31 @@ class ChildView:
         return self.hang.cause or (describe(self.failure.code) if self.failure else "")
 
 
+@dataclass(frozen=True)
+class Healed:
+    """(An agent's view of its master only) node 0's address answered a handshake again after answering none for
+    ``PROBE_WINDOW`` at least: when the agent's look saw it (``at``) and how long it had answered none (``after``)
+    (:func:`~procsv.watchdog.rules.hosts.master_redial`)."""
+
+    at: float
+    after: float
+
+
+@dataclass
+class Waits:
+    """(Node 0's view of a host only) what node 0 waits for from a host besides its beats (rule 12,
+    :mod:`procsv.watchdog.rules.hosts`): the answer to the oldest start it asked of its agent (``StartMembers``: first
+    sent at ``asked_at`` on the watched clock, None: none waiting; ``asked``, its members ``slot.attempt``), lost once
+    that waits past ``start_bound``; and its own frames to reach the host: ``deaf``, how long the agent said in its
+    last hello it had heard nothing from node 0 (``NodeHello.deaf``), ``deaf_from``, when node 0 first read a hello
+    saying so for ``DEAF_SECS`` or more in a row (None: the last said less; a one-way cut, ``one_way_cut``)."""
+
+    asked_at: Optional[float] = None
+    asked: list[str] = field(default_factory=list)
+    deaf: float = 0.0
+    deaf_from: Optional[float] = None
+
+
 @dataclass
 class NodeView:
     """Another host of a job that spans hosts (``--nnodes M``), as its agent's heartbeats tell it."""
@@ -294,12 +319,12 @@ class NodeView:
     reset_at: Optional[float] = None  # the send of a probe sent since its last beat that its host answered with a reset
     # (an agent's view of its master only) when its address answered a handshake again after answering none for
     # PROBE_WINDOW at least (the agent's look; rules.hosts.master_redial), and how long it had answered none
-    healed_at: Optional[float] = None
-    healed_after: float = 0.0
+    healed: Optional[Healed] = None
     # (node 0's view only) node 0 watched its beats from then: the end of a stall of node 0's own loop (blocked or
     # descheduled OWN_STALL_SECS or more, not stopped: the beats queued meanwhile are read a moment after): rule 12's
     # bound counts from it (a stop, SIGSTOP then SIGCONT, is left out of the watched clock itself)
     watched_from: float = float("-inf")
+    waits: Waits = field(default_factory=lambda: Waits())  # (node 0's view only) what it waits for besides beats
 
 
 @dataclass
