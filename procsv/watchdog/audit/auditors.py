@@ -34,7 +34,7 @@ from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, 
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
                                            died, end_wait, group_name, holds, late, next_replay, pending, replayed,
-                                           rollback, rolled_back, seen, wrong_timeline)
+                                           rollback, rolled_back, seen, stopping, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -304,6 +304,8 @@ class Auditors:
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
         if rb is None:
+            if judged.verdict == Verdict.TRAINER and self.view.finishing and trainer is not None:
+                self.report([Report(say=stopping(self.book, judged, trainer.attempt), err=True)])
             if judged.verdict == Verdict.TRIAL and not self.view.finishing:  # (no group running: none rolled back)
                 self.book.untried()
                 self.report([Report(say=f"procsv: audit: no trainer group is running to roll back on trial; steps "

@@ -589,6 +589,18 @@ def wrong_timeline(book: AuditBook, judged: Judged, attempt: int, why: str) -> O
     return decided if steps else None
 
 
+def stopping(book: AuditBook, judged: Judged, attempt: int) -> str:
+    """The line of a trainer verdict reached while the run stops (pure): nothing is rolled back in this launch (no
+    trainer may start again), and the checkpoints its timeline committed after S1 (by ``attempt`` or an earlier one,
+    the stop's own among them when it was heard) hold the state computed wrongly: a launch again resumes the newest."""
+    start = judged.interval.start
+    wrong = sorted(s for s, a in book.commits.items() if s > start and a <= attempt)
+    held = (f"the checkpoint(s) of step(s) {', '.join(str(s) for s in wrong)}, committed after step {start}, hold the "
+            "state computed wrongly and stay (launching again resumes the newest of them, the fault kept)") if wrong \
+        else f"no checkpoint after step {start} was heard"
+    return (f"procsv: audit: the run is stopping, so nothing is rolled back to step {start} in this launch: {held}")
+
+
 def group_name(hosts: int) -> str:
     """What a verdict on a group over ``hosts`` hosts names instead of a host (pure): its chief's checkpoint, all the
     audit compares with, holds the all-reduced result of every member's step, not which member computed it."""
