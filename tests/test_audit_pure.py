@@ -997,3 +997,32 @@ def test_a_trainer_verdict_reached_while_the_run_stops_says_that_nothing_is_roll
     assert said[-1].say == ("procsv: audit: the run is stopping, so nothing is rolled back to step 200 in this launch: "
                             "the checkpoint(s) of step(s) 300, 400, 450, committed after step 200, hold the state "
                             "computed wrongly and stay (launching again resumes the newest of them, the fault kept)")
+
+
+def test_a_trainer_verdict_during_a_stops_grace_kills_the_trainer_before_its_stop_checkpoint_and_says_so() -> None:
+    """SIGTERM to the launch, the trainer still writing its stop's checkpoint when the second replay agrees with the
+    first: the trainer is killed (its stop's checkpoint would hold the state computed wrongly), 300 and 400
+    quarantined, no restart follows (a stop was asked). Before, the only line was the verdict's, ending 'rolling back
+    to step 200', and the run ended with no word that nothing trains again: now one line says the trainer is killed
+    before its stop's checkpoint and that launching again resumes from step 200."""
+    import signal
+
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
+    for s in (100, 200, 300, 400):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+        sim.commit(s)
+    for answer in (GOOD, GOOD, BAD):
+        audits.round()
+        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
+        sim.dies(AUDITOR, 0)
+    audits.round()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    sim.tick(0.1)
+    audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(TRAINER, 1)]
+    assert [list(m.steps) for m in told if isinstance(m, AuditQuarantine)] == [[300, 400]]
+    assert ("procsv: audit: the run is stopping: the trainer is killed before its stop's checkpoint, which would hold "
+            "the state computed wrongly; launching again resumes from step 200") in [r.say for r in said]

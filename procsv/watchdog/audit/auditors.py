@@ -295,6 +295,8 @@ class Auditors:
         if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
             self.deferred = judged
             return
+        self.report([Report(say=said, err=True) for said in stopping(  # (a run stopping: what is rolled back, or not)
+            self.book, judged, rb, trainer.attempt if trainer else 0, self.view.stop_signal is not None or self.view.finishing)])
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
         if blamed and self.book.group > 1:  # (counted, no host's transient fault: none can be told)
             self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1
@@ -304,8 +306,6 @@ class Auditors:
                                 say=f"procsv: host {self.host} is suspect: {self.view.findings.transient[self.host]} "
                                     "transient faults in this launch")])
         if rb is None:
-            if judged.verdict == Verdict.TRAINER and self.view.finishing and trainer is not None:
-                self.report([Report(say=stopping(self.book, judged, trainer.attempt), err=True)])
             if judged.verdict == Verdict.TRIAL and not self.view.finishing:  # (no group running: none rolled back)
                 self.book.untried()
                 self.report([Report(say=f"procsv: audit: no trainer group is running to roll back on trial; steps "
