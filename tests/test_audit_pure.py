@@ -959,3 +959,70 @@ def test_a_group_replay_with_one_member_stopped_is_hung_though_the_others_wait_u
     kills = [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)]
     assert sorted(kills) == [(AUDITOR, 1), ("auditor1", 1)], kills
     assert "member auditor1 used no CPU" in ex.performed[0].reason
+
+
+def test_a_trainer_verdict_reached_while_the_run_stops_says_that_nothing_is_rolled_back_and_which_checkpoints_stay(
+        ) -> None:
+    """SIGTERM to the launch between a mismatch and its second replay: the trainer commits its stop's checkpoint (450)
+    and exits; the second replay agrees with the first after the run's end was decided. No trainer may start again in
+    this launch, so nothing is rolled back; the verdict's own line says 'rolling back to step 200'. Before, nothing
+    more was said: the checkpoints of the wrong timeline (300, 400 and the stop's 450) stayed, and a launch again
+    resumed 450, the fault kept (measured by hand, digits under --audit every, SIGTERM after the mismatch line: the
+    stop's checkpoint was the wrong timeline's). Now one line says nothing is rolled back and which checkpoints stay."""
+    import signal
+
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
+    for s in (100, 200, 300, 400):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+        sim.commit(s)
+    for answer in (GOOD, GOOD, BAD):
+        audits.round()
+        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
+        sim.dies(AUDITOR, 0)
+    audits.round()
+    assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
+    sim.commit(450)
+    sim.dies(TRAINER, 42)
+    sim.tick(1.0)
+    assert sim.view.finishing
+    audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))
+    assert [r.fields["verdict"] for r in said if r.event == Event.AUDIT][-1] == "trainer"
+    assert sim.view.rollback_before is None and not [a for a in ex.performed if isinstance(a, Kill)]
+    assert not [m for m in told if isinstance(m, AuditQuarantine)]
+    assert said[-1].say == ("procsv: audit: the run is stopping, so nothing is rolled back to step 200 in this launch: "
+                            "the checkpoint(s) of step(s) 300, 400, 450, committed after step 200, hold the state "
+                            "computed wrongly and stay (launching again resumes the newest of them, the fault kept)")
+
+
+def test_a_trainer_verdict_during_a_stops_grace_kills_the_trainer_before_its_stop_checkpoint_and_says_so() -> None:
+    """SIGTERM to the launch, the trainer still writing its stop's checkpoint when the second replay agrees with the
+    first: the trainer is killed (its stop's checkpoint would hold the state computed wrongly), 300 and 400
+    quarantined, no restart follows (a stop was asked). Before, the only line was the verdict's, ending 'rolling back
+    to step 200', and the run ended with no word that nothing trains again: now one line says the trainer is killed
+    before its stop's checkpoint and that launching again resumes from step 200."""
+    import signal
+
+    sim = Sim()
+    sim.start_trainer(steps=5)
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
+    for s in (100, 200, 300, 400):
+        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
+        sim.commit(s)
+    for answer in (GOOD, GOOD, BAD):
+        audits.round()
+        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
+        sim.dies(AUDITOR, 0)
+    audits.round()
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    sim.tick(0.1)
+    audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))
+    assert [(a.slot, a.attempt) for a in ex.performed if isinstance(a, Kill)] == [(TRAINER, 1)]
+    assert [list(m.steps) for m in told if isinstance(m, AuditQuarantine)] == [[300, 400]]
+    assert ("procsv: audit: the run is stopping: the trainer is killed before its stop's checkpoint, which would hold "
+            "the state computed wrongly; launching again resumes from step 200") in [r.say for r in said]

@@ -73,12 +73,23 @@ def digest(value: Any) -> str:
 
 
 def read_digests(path: str) -> dict[str, str]:
-    """Every tensor of the checkpoint ``path`` (but :data:`SKIPPED_KEYS`), digested by key."""
+    """Every tensor of the checkpoint ``path`` (but :data:`SKIPPED_KEYS`), digested by key. A ``variant`` tensor (a
+    ``tf.data`` iterator's state, which a program checkpoints for an exact resume) has no value a reader can give
+    (``get_tensor`` raises): it is digested by its dtype alone (its key kept: both sides have it; not its shape, which
+    holds the elements a ``prefetch`` had buffered when it was saved, as many as its thread had made by then). Its
+    position is the step's, and a wrong input read shows in the weights it trains."""
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(path)
-    return {k: digest(reader.get_tensor(k)) for k in sorted(reader.get_variable_to_shape_map())
-            if not k.startswith(SKIPPED_KEYS)}
+    dtypes = reader.get_variable_to_dtype_map()
+    shapes = reader.get_variable_to_shape_map()
+    return {k: digest(reader.get_tensor(k)) if dtypes[k] != tf.variant else opaque()
+            for k in sorted(shapes) if not k.startswith(SKIPPED_KEYS)}
+
+
+def opaque() -> str:
+    """The digest of a tensor whose value cannot be read (a ``variant``): its dtype alone (pure)."""
+    return hashlib.blake2b(b"variant", digest_size=8).hexdigest()
 
 
 def state_digests(checkpoint: Any, scratch: str) -> dict[str, str]:

@@ -34,7 +34,7 @@ from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, 
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
                                            died, end_wait, group_name, holds, late, next_replay, pending, replayed,
-                                           rollback, rolled_back, seen, wrong_timeline)
+                                           rollback, rolled_back, seen, stopping, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -295,6 +295,8 @@ class Auditors:
         if rb is not None and rb.ended and self.ex.asking(TRAINER, rb.attempt + 1):
             self.deferred = judged
             return
+        self.report([Report(say=said, err=True) for said in stopping(  # (a run stopping: what is rolled back, or not)
+            self.book, judged, rb, trainer.attempt if trainer else 0, self.view.stop_signal is not None or self.view.finishing)])
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
         if blamed and self.book.group > 1:  # (counted, no host's transient fault: none can be told)
             self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1

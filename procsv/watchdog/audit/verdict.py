@@ -589,6 +589,26 @@ def wrong_timeline(book: AuditBook, judged: Judged, attempt: int, why: str) -> O
     return decided if steps else None
 
 
+def stopping(book: AuditBook, judged: Judged, rb: Optional[AuditRollback], attempt: int, stop: bool) -> list[str]:
+    """The line of a trainer verdict reached while the run stops (pure; ``rb``: its rollback, ``attempt``: the trainer's,
+    ``stop``: a stop was asked): none but for a trainer verdict. The run's end decided (``rb`` None): nothing is rolled
+    back in this launch (no trainer may start again), and the checkpoints its timeline committed after S1 (by
+    ``attempt`` or an earlier one, the stop's own among them when it was heard) hold the state computed wrongly: a
+    launch again resumes the newest. A running trainer asked to stop (killed by ``rb``): it writes no stop's
+    checkpoint, which would hold that state, and no restart follows: a launch again resumes S1."""
+    start = judged.interval.start
+    if judged.verdict != Verdict.TRAINER or not stop or (rb is not None and (rb.finished or rb.ended)):
+        return []
+    if rb is not None:
+        return [f"procsv: audit: the run is stopping: the trainer is killed before its stop's checkpoint, which would "
+                f"hold the state computed wrongly; launching again resumes from step {start}"]
+    wrong = sorted(s for s, a in book.commits.items() if s > start and a <= attempt)
+    held = (f"the checkpoint(s) of step(s) {', '.join(str(s) for s in wrong)}, committed after step {start}, hold the "
+            "state computed wrongly and stay (launching again resumes the newest of them, the fault kept)") if wrong \
+        else f"no checkpoint after step {start} was heard"
+    return [f"procsv: audit: the run is stopping, so nothing is rolled back to step {start} in this launch: {held}"]
+
+
 def group_name(hosts: int) -> str:
     """What a verdict on a group over ``hosts`` hosts names instead of a host (pure): its chief's checkpoint, all the
     audit compares with, holds the all-reduced result of every member's step, not which member computed it."""
