@@ -197,7 +197,11 @@ def one_way_cut(n: NodeView) -> Optional[float]:
     then ``BLIP_SECS`` late at least (before, found 0.654 s after the cut, past the 0.5 s goal). A slow agent's host
     answers the probes (only the bound applies to it, as for a late beat); a link that dropped both ways (a blip)
     delivers the hellos it held only once it passes again, when the probes sent since are answered (the probes of
-    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello)."""
+    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello). A probe
+    the host's kernel answered ends the agent's word (node 0's frames reach it: ``observe.probes_looked``), and the
+    agent's silence counts from the last such answer, if later (``Waits.reached``): on a flapping link, the held
+    hellos of one blip, their agent still deaf while its connection waits out TCP's retransmission, are no evidence
+    through the next blip (before, a loss 0.16 s into a second blip of 0.2 s, though no hello passed in it)."""
     if not n.probe_ok or n.waits.deaf_from is None or n.looked_at is None or n.lost_at is not None:
         return None
     out = [sent for sent in n.unanswered if sent >= n.waits.deaf_from and n.looked_at - sent >= PROBE_RTT]

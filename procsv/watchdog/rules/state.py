@@ -285,12 +285,15 @@ class Waits:
     sent at ``asked_at`` on the watched clock, None: none waiting; ``asked``, its members ``slot.attempt``), lost once
     that waits past ``start_bound``; and its own frames to reach the host: ``deaf``, how long the agent said in its
     last hello it had heard nothing from node 0 (``NodeHello.deaf``), ``deaf_from``, when node 0 first read a hello
-    saying so for ``DEAF_SECS`` or more in a row (None: the last said less; a one-way cut, ``one_way_cut``)."""
+    saying so for ``DEAF_SECS`` or more in a row (None: the last said less, or a probe sent since was answered; a
+    one-way cut, ``one_way_cut``); ``reached``, when node 0 sent the last probe the host's kernel answered with a
+    handshake (its frames reached the host then: an agent's word that it heard nothing since before is no cut)."""
 
     asked_at: Optional[float] = None
     asked: list[str] = field(default_factory=list)
     deaf: float = 0.0
     deaf_from: Optional[float] = None
+    reached: Optional[float] = None
 
 
 @dataclass
