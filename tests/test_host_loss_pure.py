@@ -468,3 +468,24 @@ def test_a_one_way_cut_soon_after_a_blip_is_still_found() -> None:
             found = run(sorted(set(arrive.values())), lambda t: None if start <= t < end or t >= cut else True,
                         until=20, tick=tick, deaf=said)
             assert found is not None and found[0] - cut <= 0.5 and found[1].deaf >= DEAF_SECS, (tick, phase, found)
+
+
+def test_a_flapping_link_whose_hellos_wait_out_tcps_backoff_through_both_blips_is_ridden_out() -> None:
+    """Two blips both ways (up to 0.25 s each) a moment apart, the agent's hellos held through both (its TCP's
+    retransmission, backed off in the first, dropped in the second: they come once the second ends), node 0's probes
+    answered between them. The silence that makes a host lost counts from the last probe its kernel answered, when
+    later than its last beat: the link passed then. Before, its beats were ``BLIP_SECS`` late 0.1-0.2 s into the
+    second blip, and its probes unanswered ``PROBE_WINDOW``: a loss though neither blip was longer than a quarter
+    second (measured, bench_host_loss --flap-gap 0.1: the agent's side found node 0 lost so)."""
+    for gap in (0.05, 0.1, 0.15):
+        for second in (0.2, 0.25):
+            for tick in (0.01, 0.05):
+                for phase in (0.0, 0.03, 0.07, 0.099):
+                    blips = [(10.0 + phase, 10.2 + phase)]
+                    blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
+                    back = round(blips[1][1] + 0.01, 6)
+                    beats = sorted({t if not blips[0][0] <= t < blips[1][1] else back
+                                    for t in steady(0.0, 20.0, jitter=0.0)})
+                    found = run(beats, lambda t: None if any(s <= t < e for s, e in blips) else True, until=20,
+                                tick=tick)
+                    assert found is None, (gap, second, tick, phase, found)

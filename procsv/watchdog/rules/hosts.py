@@ -177,9 +177,12 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
     between its look and its decision, finds the host later, never lost by its own lateness: the probes it
     sent had all that time to be answered. And no beat for ``BLIP_SECS`` at that look: a blip is told from a cut
     only once it ends, so the host is found lost no sooner than that after its last beat (its probes, sent from
-    :func:`suspect_after` on, answer as soon as the link passes again, and cover the ones the blip dropped)."""
+    :func:`suspect_after` on, answer as soon as the link passes again, and cover the ones the blip dropped). That
+    silence counts from the last probe the host's kernel answered, if later than its last beat (``Waits.reached``: the
+    link passed then): a flapping link whose beats wait out TCP's retransmission through two blips, each of 0.25 s at
+    most, is ridden out (before, a loss 0.1-0.2 s into the second blip: measured on the agent's side)."""
     if not n.probe_ok or n.looked_at is None or not suspected(n, now) or n.last_beat is None \
-            or n.looked_at - n.last_beat < BLIP_SECS:
+            or n.looked_at - max(n.last_beat, n.waits.reached or n.last_beat) < BLIP_SECS:
         return None
     out = [sent for sent in n.unanswered if n.looked_at - sent >= PROBE_RTT]
     if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
