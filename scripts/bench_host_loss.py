@@ -480,13 +480,15 @@ def one_way(way: str) -> Iterator[float]:
         subprocess.run([*cmd, "qdisc", "del", "dev", dev, "root"], check=True)
 
 
-def blips(mnt: str, name: str, length: float, count: int, tree: str) -> dict[str, Any]:
+def blips(mnt: str, name: str, length: float, count: int, tree: str, flap: float = 0.0) -> dict[str, Any]:
     """One sleeper job: ``count`` blips of ``length`` s (every frame between the hosts dropped both ways, :func:`one_way`
     each way at once, then passing), 3 s apart once the agent beats again; the ``node_lost`` records counted and the
     agent's findings of node 0 lost (its line). A blip found a loss waits for the agent's hello (node_joined) before the
     next. Not the bridge's port disabled, as ``heal``'s partitions: with its one port down the bridge loses its carrier
     and node 0 its neighbour entry for the host, and a probe sent after the blip waits for the next ARP request, 1 s
-    after the first (``retrans_time_ms``): every blip of 0.15 s then cost a loss, a link flap's cost, not a blip's."""
+    after the first (``retrans_time_ms``): every blip of 0.15 s then cost a loss, a link flap's cost, not a blip's.
+    ``flap``: each blip is two, ``flap`` s apart (a flapping link: the agent still deaf from the first, its
+    connection waiting out TCP's retransmission, when the second begins)."""
     job = Job(mnt, os.path.join(mnt, name), {}, tree)
     losses = agent_losses = stuck = done = 0
     try:
@@ -496,6 +498,10 @@ def blips(mnt: str, name: str, length: float, count: int, tree: str) -> dict[str
             size, before = _err_size(job), len(job.losses())
             with one_way("0->1") as at, one_way("1->0"):
                 time.sleep(max(0.0, at + length - time.time()))
+            if flap > 0:
+                time.sleep(flap)
+                with one_way("0->1") as again, one_way("1->0"):
+                    time.sleep(max(0.0, again + length - time.time()))
             time.sleep(1.5)
             done += 1
             agent_losses += _agent_found(job, size) is not None
@@ -563,7 +569,7 @@ def blip_main(args: argparse.Namespace) -> int:
                     print(f"[{key}] silent host found after {got['detect']:.3f} s; load {os.getloadavg()[0]:.1f}",
                           flush=True)
                     for length in lengths:
-                        b = blips(mnt, f"blip{i}{key}{length:g}", length, args.blip_count, tree)
+                        b = blips(mnt, f"blip{i}{key}{length:g}", length, args.blip_count, tree, args.flap_gap)
                         lost[(key, length)].append(b)
                         print(f"[{key}] blips of {length:g} s: {b}; load {os.getloadavg()[0]:.1f}", flush=True)
                     for way in ("1->0", "0->1"):
@@ -724,6 +730,8 @@ def main() -> int:
     ap.add_argument("--only", choices=("detect", "slow", "regroup", "master", "heal", "blip"), help="run one part only")
     ap.add_argument("--blips", default="0.2,0.3,0.5", help="--only blip: the blips' lengths (s)")
     ap.add_argument("--blip-count", type=int, default=10, help="--only blip: blips of each length per run")
+    ap.add_argument("--flap-gap", type=float, default=0.0,
+                    help="--only blip: each blip two, this many seconds apart (a flapping link; 0: one)")
     ap.add_argument("--baseline", default="", help="--only blip: a checkout of the code before, run beside this one's")
     ap.add_argument("--partitions", default="2,10,30", help="--only heal: the partitions' lengths past node_lost (s)")
     ap.add_argument("--together", action="store_true", help="the false-loss runs at once (each its own job)")

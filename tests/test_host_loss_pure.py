@@ -421,3 +421,71 @@ def test_a_blip_whose_two_ways_heal_apart_is_ridden_out_though_node_0s_frames_pa
             found = run(sorted(set(arrive.values())), lambda t: None if start <= t < healed else True, until=20,
                         tick=tick, deaf=said)
             assert found is None, (tick, phase, found)
+
+
+def test_a_flapping_link_whose_blips_are_each_a_quarter_second_at_most_is_ridden_out() -> None:
+    """Two blips both ways (0.2 s, then up to 0.25 s) a moment apart: the hellos held in the first reach node 0 at its
+    end, saying the agent heard nothing, and so do the next ones (node 0's own frames on their connection wait for its
+    TCP's retransmission, which the second blip drops too), while node 0's probes after the first blip are answered:
+    its frames reach the host. The second blip is ridden out as the first, at any phase. Before, the word of the first
+    blip's held hellos stayed node 0's evidence through the second: its probes, unanswered 0.15 s, were a one-way cut
+    (a loss 0.17 s into the second blip), though no hello passed in it either."""
+    for gap in (0.05, 0.1, 0.15, 0.19, 0.3):
+        for second in (0.2, 0.25):
+            for tick in (0.01, 0.05, 0.1):
+                for phase in (0.0, 0.03, 0.07, 0.099):
+                    blips = [(10.0 + phase, 10.2 + phase)]
+                    blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
+                    heard = max(b for b in _node0_beats(0.04) if b < blips[0][0])
+                    # (node 0's retransmission reaches the agent 0.2 s after the first blip, or after the second)
+                    again = blips[0][1] + 0.2 if gap > 0.2 else blips[1][1] + 0.2
+                    sent = steady(0.0, 20.0, jitter=0.0)
+                    arrive = {t: next((round(e + 0.01, 6) for s, e in blips if s <= t < e), t) for t in sent}
+                    said: dict[float, float] = {}
+                    for t in sent:
+                        said[arrive[t]] = round(t - heard, 3) if blips[0][0] <= t < again else 0.05
+                    found = run(sorted(set(arrive.values())),
+                                lambda t: None if any(s <= t < e for s, e in blips) else True, until=20, tick=tick,
+                                deaf=said)
+                    assert found is None, (gap, second, tick, phase, found)
+
+
+def test_a_one_way_cut_soon_after_a_blip_is_still_found() -> None:
+    """A blip of 0.2 s, then, once node 0's frames reach the agent again, a one-way cut of them: still found (within
+    0.5 s of the cut: the probes answered after the blip came before the agent's silence that the cut began)."""
+    for tick in (0.01, 0.05, 0.1):
+        for phase in (0.0, 0.03, 0.07, 0.099):
+            start, end = 10.0 + phase, 10.2 + phase
+            cut = end + 0.5
+            heard1 = max(b for b in _node0_beats(0.04) if b < start)
+            heard2 = max(b for b in _node0_beats(0.04) if b < cut)
+            sent = steady(0.0, cut + 0.25, jitter=0.0)
+            arrive = {t: (round(end + 0.01, 6) if start <= t < end else t) for t in sent}
+            said: dict[float, float] = {}
+            for t in sent:
+                said[arrive[t]] = round(t - heard1, 3) if start <= t < end + 0.2 else \
+                    round(t - heard2, 3) if t > cut else 0.05
+            found = run(sorted(set(arrive.values())), lambda t: None if start <= t < end or t >= cut else True,
+                        until=20, tick=tick, deaf=said)
+            assert found is not None and found[0] - cut <= 0.5 and found[1].deaf >= DEAF_SECS, (tick, phase, found)
+
+
+def test_a_flapping_link_whose_hellos_wait_out_tcps_backoff_through_both_blips_is_ridden_out() -> None:
+    """Two blips both ways (up to 0.25 s each) a moment apart, the agent's hellos held through both (its TCP's
+    retransmission, backed off in the first, dropped in the second: they come once the second ends), node 0's probes
+    answered between them. The silence that makes a host lost counts from the last probe its kernel answered, when
+    later than its last beat: the link passed then. Before, its beats were ``BLIP_SECS`` late 0.1-0.2 s into the
+    second blip, and its probes unanswered ``PROBE_WINDOW``: a loss though neither blip was longer than a quarter
+    second (measured, bench_host_loss --flap-gap 0.1: the agent's side found node 0 lost so)."""
+    for gap in (0.05, 0.1, 0.15):
+        for second in (0.2, 0.25):
+            for tick in (0.01, 0.05):
+                for phase in (0.0, 0.03, 0.07, 0.099):
+                    blips = [(10.0 + phase, 10.2 + phase)]
+                    blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
+                    back = round(blips[1][1] + 0.01, 6)
+                    beats = sorted({t if not blips[0][0] <= t < blips[1][1] else back
+                                    for t in steady(0.0, 20.0, jitter=0.0)})
+                    found = run(beats, lambda t: None if any(s <= t < e for s, e in blips) else True, until=20,
+                                tick=tick)
+                    assert found is None, (gap, second, tick, phase, found)

@@ -275,3 +275,21 @@ def test_the_agent_says_node_0_is_lost_whether_its_trainers_run_or_not() -> None
     assert lost_line(why, True) == f"node 0 is lost ({why}): stopping this host's trainers (a stale group)"
     assert lost_line(why, False) == \
         f"node 0 is lost ({why}): no trainer of this host is running (a trainer's end is in its log)"
+
+
+def test_a_flapping_link_whose_beats_wait_out_tcps_backoff_through_both_blips_costs_the_agent_no_members() -> None:
+    """The agent's view of node 0 rides out a flapping link as node 0's of an agent does
+    (tests/test_host_loss_pure.py): two blips of up to 0.25 s a moment apart, node 0's beats held through both (its
+    TCP's retransmission backed off in the first, dropped in the second), the agent's probes answered between them:
+    node 0 is not found lost, its members not stopped (its probes, once answered in the silence, every
+    ``PROVE_EVERY``: none falls in the second blip; its view counts the silence from the last answered, as node 0's)."""
+    for gap in (0.05, 0.1, 0.15):
+        for second in (0.2, 0.25):
+            for phase in (0.0, 0.03, 0.07, 0.099):
+                blips = [(10.0 + phase, 10.2 + phase)]
+                blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
+                back = round(blips[1][1] + 0.01, 6)
+                beats = sorted({t if not blips[0][0] <= t < blips[1][1] else back
+                                for t in steady(0.0, 20.0, jitter=0.0)})
+                lost, _, _ = agent(beats, lambda t: None if any(s <= t < e for s, e in blips) else True, until=20)
+                assert lost == [], (gap, second, phase, lost)

@@ -496,8 +496,11 @@ def node_hello(view: RunView, msg: NodeHello, now: float) -> list[Report]:
     if msg.probe != node.probe:
         node.probe, node.probe_ok = msg.probe, False  # (a new agent: its port is proven again)
     # (a hello that says its agent hears nothing from node 0 keeps the probes sent since it first said so: their
-    # answer, or its lack, is what tells a one-way cut from a late beat, rules.hosts.one_way_cut)
-    deaf = not back and msg.deaf >= DEAF_SECS
+    # answer, or its lack, is what tells a one-way cut from a late beat, rules.hosts.one_way_cut; its silence counted
+    # from the last probe the host's kernel answered, if later: node 0's frames reached the host then, and the agent's
+    # connection waits out its TCP's retransmission, as after a blip both ways)
+    reached = node.waits.reached
+    deaf = not back and min(msg.deaf, now - reached if reached is not None else msg.deaf) >= DEAF_SECS
     node.waits.deaf, node.waits.deaf_from = msg.deaf, (node.waits.deaf_from if node.waits.deaf_from is not None else now) if deaf else None
     node.unanswered = [s for s in node.unanswered if node.waits.deaf_from is not None and s >= node.waits.deaf_from]
     node.reset_at = None
@@ -556,6 +559,10 @@ def probes_looked(view: RunView, looked_at: float, answers: list[tuple[int, floa
         n = view.nodes[node]
         n.unanswered = [s for s in n.unanswered if s > sent]
         n.probe_ok = n.probe_ok or handshake
+        if handshake:  # (node 0's frames reach the host: no one-way cut since the agent's word, rules.hosts.one_way_cut)
+            n.waits.reached = max(sent, n.waits.reached if n.waits.reached is not None else sent)
+            if n.waits.deaf_from is not None and sent >= n.waits.deaf_from:
+                n.waits.deaf_from = None
         if not handshake and n.last_beat is not None and sent > n.last_beat:  # (no agent listens since its last beat)
             n.reset_at = sent
     for n in view.nodes.values():

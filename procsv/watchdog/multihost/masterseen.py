@@ -75,9 +75,10 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
     host was up then); a reset does not (node 0's port is its launch's own socket: a refusal means the launch is
     gone). :func:`~procsv.watchdog.rules.hosts.kernel_silent` counts what was still out at this look, as node 0's
     rule 12 does for an agent (never the agent's own lateness in deciding)."""
-    unanswered, ok, healed = master.unanswered, master.probe_ok, master.healed
+    unanswered, ok, healed, waits = master.unanswered, master.probe_ok, master.healed, master.waits
     for sent, handshake in answers:
-        if handshake:
+        if handshake:  # (node 0's address reached then: kernel_silent's silence counts from the last such probe)
+            waits = dataclasses.replace(waits, reached=max(sent, waits.reached if waits.reached is not None else sent))
             # none answered since (the address was silent), in a silence begun after the last healing (a late answer
             # to a probe of the same silence, its SYN sent again by the kernel after the heal: no second healing), and
             # no beat for BLIP_SECS at least (a blip rule 12 rode out on both sides: TCP retransmits what it dropped
@@ -86,7 +87,8 @@ def master_probes_looked(master: NodeView, looked_at: float, answers: list[tuple
                     and (master.last_beat is None or sent - master.last_beat >= BLIP_SECS):
                 healed = Healed(looked_at, sent - unanswered[0])
             unanswered, ok = [s for s in unanswered if s > sent], True
-    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed=healed)
+    return dataclasses.replace(master, unanswered=unanswered, probe_ok=ok, looked_at=looked_at, healed=healed,
+                               waits=waits)
 
 
 def _since_healed(healed: Optional[Healed], silent_from: float) -> bool:

@@ -177,9 +177,12 @@ def kernel_silent(n: NodeView, now: float) -> Optional[float]:
     between its look and its decision, finds the host later, never lost by its own lateness: the probes it
     sent had all that time to be answered. And no beat for ``BLIP_SECS`` at that look: a blip is told from a cut
     only once it ends, so the host is found lost no sooner than that after its last beat (its probes, sent from
-    :func:`suspect_after` on, answer as soon as the link passes again, and cover the ones the blip dropped)."""
+    :func:`suspect_after` on, answer as soon as the link passes again, and cover the ones the blip dropped). That
+    silence counts from the last probe the host's kernel answered, if later than its last beat (``Waits.reached``: the
+    link passed then): a flapping link whose beats wait out TCP's retransmission through two blips, each of 0.25 s at
+    most, is ridden out (before, a loss 0.1-0.2 s into the second blip: measured on the agent's side)."""
     if not n.probe_ok or n.looked_at is None or not suspected(n, now) or n.last_beat is None \
-            or n.looked_at - n.last_beat < BLIP_SECS:
+            or n.looked_at - max(n.last_beat, n.waits.reached or n.last_beat) < BLIP_SECS:
         return None
     out = [sent for sent in n.unanswered if n.looked_at - sent >= PROBE_RTT]
     if len(out) < PROBES_MIN or n.looked_at - out[0] < PROBE_WINDOW:
@@ -197,7 +200,11 @@ def one_way_cut(n: NodeView) -> Optional[float]:
     then ``BLIP_SECS`` late at least (before, found 0.654 s after the cut, past the 0.5 s goal). A slow agent's host
     answers the probes (only the bound applies to it, as for a late beat); a link that dropped both ways (a blip)
     delivers the hellos it held only once it passes again, when the probes sent since are answered (the probes of
-    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello)."""
+    the blip itself are not counted: ``observe.node_hello`` keeps only those sent since the first deaf hello). A probe
+    the host's kernel answered ends the agent's word (node 0's frames reach it: ``observe.probes_looked``), and the
+    agent's silence counts from the last such answer, if later (``Waits.reached``): on a flapping link, the held
+    hellos of one blip, their agent still deaf while its connection waits out TCP's retransmission, are no evidence
+    through the next blip (before, a loss 0.16 s into a second blip of 0.2 s, though no hello passed in it)."""
     if not n.probe_ok or n.waits.deaf_from is None or n.looked_at is None or n.lost_at is not None:
         return None
     out = [sent for sent in n.unanswered if sent >= n.waits.deaf_from and n.looked_at - sent >= PROBE_RTT]

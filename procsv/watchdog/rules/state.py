@@ -280,17 +280,21 @@ class Healed:
 
 @dataclass
 class Waits:
-    """(Node 0's view of a host only) what node 0 waits for from a host besides its beats (rule 12,
+    """(Node 0's view of a host; of node 0 in an agent's, ``reached`` only) what node 0 waits for from a host besides its beats (rule 12,
     :mod:`procsv.watchdog.rules.hosts`): the answer to the oldest start it asked of its agent (``StartMembers``: first
     sent at ``asked_at`` on the watched clock, None: none waiting; ``asked``, its members ``slot.attempt``), lost once
     that waits past ``start_bound``; and its own frames to reach the host: ``deaf``, how long the agent said in its
     last hello it had heard nothing from node 0 (``NodeHello.deaf``), ``deaf_from``, when node 0 first read a hello
-    saying so for ``DEAF_SECS`` or more in a row (None: the last said less; a one-way cut, ``one_way_cut``)."""
+    saying so for ``DEAF_SECS`` or more in a row (None: the last said less, or a probe sent since was answered; a
+    one-way cut, ``one_way_cut``); ``reached``, when node 0 sent the last probe the host's kernel answered with a
+    handshake (its frames reached the host then: an agent's word that it heard nothing since before is no cut, and a
+    host silent is so from then, if later than its last beat, ``kernel_silent``)."""
 
     asked_at: Optional[float] = None
     asked: list[str] = field(default_factory=list)
     deaf: float = 0.0
     deaf_from: Optional[float] = None
+    reached: Optional[float] = None
 
 
 @dataclass
