@@ -551,10 +551,10 @@ def _audited(sim: Sim, steps: tuple[int, ...]) -> tuple[Auditors, _Ex, list[Repo
     return audits, ex, said
 
 
-def _to_a_trainer_verdict_on_a_dead_trainer(forking: bool) -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
-    """Trainer attempt 1 committed 100-400, interval 100-200 matched (twice: the probe), 200-300's first replay differs;
-    the trainer crashes (its restart decided) before the second replay agrees with the first: the verdict, reached
-    with no trainer running (``forking``: its restart's start asked of the zygote, not answered yet)."""
+def _to_a_mismatchs_second_replay() -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
+    """Trainer attempt 1 committed 100-400 (heard and on disk), interval 100-200 matched (twice: the probe), 200-300's
+    first replay differs, and its second replay is asked (auditor 4): (the sim, the audits, the executor, what was
+    said, what was told the checkpoint service)."""
     sim = Sim()
     sim.start_trainer(steps=5)
     ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
@@ -567,6 +567,14 @@ def _to_a_trainer_verdict_on_a_dead_trainer(forking: bool) -> tuple[Sim, Auditor
         audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
         sim.dies(AUDITOR, 0)
     audits.round()
+    return sim, audits, ex, said, told
+
+
+def _to_a_trainer_verdict_on_a_dead_trainer(forking: bool) -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
+    """Trainer attempt 1 committed 100-400, interval 100-200 matched (twice: the probe), 200-300's first replay differs;
+    the trainer crashes (its restart decided) before the second replay agrees with the first: the verdict, reached
+    with no trainer running (``forking``: its restart's start asked of the zygote, not answered yet)."""
+    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
     assert ex.forked[-1] == (4, "200:300") and not ex.performed  # the second replay of the mismatch
     sim.dies(TRAINER, -9)
     assert of(sim.tick(1.0), Restart)  # its restart decided; not started yet
@@ -971,18 +979,7 @@ def test_a_trainer_verdict_reached_while_the_run_stops_says_that_nothing_is_roll
     stop's checkpoint was the wrong timeline's). Now one line says nothing is rolled back and which checkpoints stay."""
     import signal
 
-    sim = Sim()
-    sim.start_trainer(steps=5)
-    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
-    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
-    for s in (100, 200, 300, 400):
-        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
-        sim.commit(s)
-    for answer in (GOOD, GOOD, BAD):
-        audits.round()
-        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
-        sim.dies(AUDITOR, 0)
-    audits.round()
+    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
     assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
     observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
     audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
@@ -1007,18 +1004,7 @@ def test_a_trainer_verdict_during_a_stops_grace_kills_the_trainer_before_its_sto
     before its stop's checkpoint and that launching again resumes from step 200."""
     import signal
 
-    sim = Sim()
-    sim.start_trainer(steps=5)
-    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
-    audits = Auditors("every", ex, sim.view, 1, said.extend, told.append)  # type: ignore[arg-type]
-    for s in (100, 200, 300, 400):
-        audits.heard(SaveResult(s, SaveReason.PERIODIC, True, f"/l/model.ckpt-{s}", None, 0.1, attempt=1))
-        sim.commit(s)
-    for answer in (GOOD, GOOD, BAD):
-        audits.round()
-        audits.heard(AuditResult(1000 + audits.attempt, audits.attempt, 0, 0, list(answer.differ), answer.digest, "a"))
-        sim.dies(AUDITOR, 0)
-    audits.round()
+    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
     observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
     sim.tick(0.1)
     audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))

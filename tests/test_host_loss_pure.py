@@ -72,6 +72,16 @@ def steady(start: float, end: float, every: float = AGENT_BEAT_SECS, jitter: flo
     return out
 
 
+def two_blips(phase: float, gap: float, second: float) -> tuple[list[tuple[float, float]], list[float]]:
+    """A link flap: a blip of 0.2 s at 10 s + ``phase``, then one of ``second`` s ``gap`` s after it; the beats of a
+    steady agent, those sent from the first blip's start to the second's end held by TCP's backoff until 10 ms after
+    the second: (the blips, the beats as read)."""
+    blips = [(10.0 + phase, 10.2 + phase)]
+    blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
+    back = round(blips[1][1] + 0.01, 6)
+    return blips, sorted({t if not blips[0][0] <= t < blips[1][1] else back for t in steady(0.0, 20.0, jitter=0.0)})
+
+
 def alive(_: float) -> bool:
     return True
 
@@ -481,11 +491,7 @@ def test_a_flapping_link_whose_hellos_wait_out_tcps_backoff_through_both_blips_i
         for second in (0.2, 0.25):
             for tick in (0.01, 0.05):
                 for phase in (0.0, 0.03, 0.07, 0.099):
-                    blips = [(10.0 + phase, 10.2 + phase)]
-                    blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
-                    back = round(blips[1][1] + 0.01, 6)
-                    beats = sorted({t if not blips[0][0] <= t < blips[1][1] else back
-                                    for t in steady(0.0, 20.0, jitter=0.0)})
+                    blips, beats = two_blips(phase, gap, second)
                     found = run(beats, lambda t: None if any(s <= t < e for s, e in blips) else True, until=20,
                                 tick=tick)
                     assert found is None, (gap, second, tick, phase, found)

@@ -24,7 +24,7 @@ from procsv.watchdog.multihost.masterseen import (UNANSWERED_KEPT, master_beat, 
 from procsv.watchdog.rules.hosts import (AGENT_BEAT_SECS, PROBE_EVERY, SUSPECT_CAP, master_lost, master_probe_due,
                                          master_redial)
 from procsv.watchdog.rules.state import Healed, NodeView
-from test_host_loss_pure import alive, steady
+from test_host_loss_pure import alive, steady, two_blips
 
 MASTER = "10.0.0.1:29400"
 TURN = 0.05  # the agent's loop turns this often (multihost.agent.TICK)
@@ -286,10 +286,6 @@ def test_a_flapping_link_whose_beats_wait_out_tcps_backoff_through_both_blips_co
     for gap in (0.05, 0.1, 0.15):
         for second in (0.2, 0.25):
             for phase in (0.0, 0.03, 0.07, 0.099):
-                blips = [(10.0 + phase, 10.2 + phase)]
-                blips.append((blips[0][1] + gap, blips[0][1] + gap + second))
-                back = round(blips[1][1] + 0.01, 6)
-                beats = sorted({t if not blips[0][0] <= t < blips[1][1] else back
-                                for t in steady(0.0, 20.0, jitter=0.0)})
+                blips, beats = two_blips(phase, gap, second)
                 lost, _, _ = agent(beats, lambda t: None if any(s <= t < e for s, e in blips) else True, until=20)
                 assert lost == [], (gap, second, phase, lost)
