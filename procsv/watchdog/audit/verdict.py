@@ -228,8 +228,8 @@ class AuditBook:
     it switched off (empty: it did not)."""
 
     mode: AuditMode = AuditMode.OFF
-    # a group's audit (its chief's checkpoints; a member's wrong state can stay outside them): the hosts the group spans
-    # (True: one; over several, a verdict names the group, no member told), 0 (False): a single trainer's
+    # the hosts a group's audit spans (its chief's checkpoints; a member's wrong state can stay outside them): 1, a group
+    # on one host; more, a group over hosts (a verdict names the group, no member told); 0, a single trainer's audit
     group: int = 0
     last: Optional[Newest] = None  # the newest commit seen
     seen: int = 0  # intervals seen
