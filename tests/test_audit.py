@@ -145,8 +145,10 @@ def test_a_flipped_bit_in_a_graph_programs_last_interval_is_caught_rolled_back_a
 def test_an_audit_rollback_quarantines_every_checkpoint_of_the_wrong_timeline_under_time_based_saves(logdir) -> None:
     """Time-based saves (TF Supervisor's ``save_model_secs``, the common case) land on other steps after a rollback,
     so the wrong timeline's checkpoints are not rewritten in place: the bit flips after step 100, in the launch's
-    first interval (from the checkpoint the session took at step 0: a fresh start, as its replays are, so two
-    replays that agree and miss the trainer are its fault at once). Every checkpoint the trainer committed after
+    first interval when the machine is quiet (from the checkpoint the session took at step 0: a fresh start, as its
+    replays are, so two replays that agree and miss the trainer are its fault at once); on a loaded one a 1 s save
+    may land before step 100 (seen: at step 82, the suite under --cpu-log), and the verdict names the interval the
+    bit flipped in, whose start then matched once already. Every checkpoint the trainer committed after
     that interval's start (its end S2 and every later one, late ones too) is quarantined, never S1; the logdir and
     the ``checkpoint`` state file hold only the new timeline's (by their manifests' attempt), whose intervals are
     all audited (none retired before the auditor read it); the latest is the new step 600, bit-equal to a plain
@@ -167,8 +169,9 @@ def test_an_audit_rollback_quarantines_every_checkpoint_of_the_wrong_timeline_un
     events = lifecycle(logdir)
     audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert len(wrong) == 1 and wrong[0]["start"] == 0, audits
+    assert len(wrong) == 1, audits
     s1, s2 = wrong[0]["start"], wrong[0]["end"]
+    assert s1 <= 100 <= s2, audits  # the interval the bit flipped in (the first but under load: see the docstring)
     quarantines = [e for e in events if e["event"] == "audit_quarantine"]
     assert quarantines and {q["after"] for q in quarantines} == {s1}, quarantines
     rolled = {s for q in quarantines for s in q["steps"]}
