@@ -16,8 +16,8 @@ from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveRe
 from procsv.watchdog.audit.auditors import Auditors, _record
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
                                            SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay, Verdict,
-                                           committed, died, end_wait, holds, late, next_replay, pending, replayed,
-                                           rollback, rolled_back, seen, wrong_timeline)
+                                           carried, carry_in, committed, died, end_wait, holds, late, next_replay,
+                                           pending, replayed, rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
@@ -513,6 +513,15 @@ class _Ex:
         self.worker_cpu: dict[str, float] = {}  # a group's auditors' workers' CPU seconds, by slot (0: none used)
         self.reap_kills = False  # a Kill performed reaps its child at once (else the test says when it died)
         self.trainer_forks: set[int] = set()  # the trainer attempts whose start is asked of the zygote, not answered
+        self.carries: list[dict] = []  # type: ignore[type-arg]  # what the audit left the next launch, each time
+        self.left: object = None  # what an earlier launch's audit left (None: nothing; ...: unreadable)
+        self.on_disk: dict[int, str] = {}  # the committed checkpoints at the launch's start
+
+    def carry_audit(self, carried: dict) -> None:  # type: ignore[type-arg]
+        self.carries.append(carried)
+
+    def audit_left(self) -> tuple[object, dict[int, str]]:
+        return self.left, self.on_disk
 
     def clock(self) -> float:
         return self.sim.now
@@ -993,7 +1002,10 @@ def test_a_trainer_verdict_reached_while_the_run_stops_says_that_nothing_is_roll
     assert not [m for m in told if isinstance(m, AuditQuarantine)]
     assert said[-1].say == ("procsv: audit: the run is stopping, so nothing is rolled back to step 200 in this launch: "
                             "the checkpoint(s) of step(s) 300, 400, 450, committed after step 200, hold the state "
-                            "computed wrongly and stay (launching again resumes the newest of them, the fault kept)")
+                            "computed wrongly; launching again with --audit replays steps 200-300 first and rolls back "
+                            "to step 200 (without it, the newest is resumed, the fault kept)")
+    left = ex.carries[-1]  # the interval left to the next launch, with what waited behind it
+    assert left["pending"][0][:2] == [200, 300] and left["newest"] == 450 and left["exact"] is True, left
 
 
 def test_a_trainer_verdict_during_a_stops_grace_kills_the_trainer_before_its_stop_checkpoint_and_says_so() -> None:
@@ -1012,3 +1024,104 @@ def test_a_trainer_verdict_during_a_stops_grace_kills_the_trainer_before_its_sto
     assert [list(m.steps) for m in told if isinstance(m, AuditQuarantine)] == [[300, 400]]
     assert ("procsv: audit: the run is stopping: the trainer is killed before its stop's checkpoint, which would hold "
             "the state computed wrongly; launching again resumes from step 200") in [r.say for r in said]
+
+
+def test_intervals_a_stop_left_unjudged_are_replayed_first_by_the_next_launch_which_rolls_back_and_quarantines(
+        ) -> None:
+    """A stop (SIGTERM, a preemption) between a fault and its verdict: interval 200-300's first replay differed, the
+    trainer wrote its stop's checkpoint 450 and exited, and the shutdown killed the second replay's auditor. Before,
+    the interval was said unaudited and forgotten; the next launch resumed 450, the wrong state, and its audit began
+    at its own first commit: the fault passed for good. Now the launch leaves 200-300 and the intervals queued
+    behind it to the next launch (``.procsv/audit.json``), whose audit replays them first, holds their checkpoints,
+    and on the verdict rolls its trainer back to step 200 and quarantines every checkpoint after it, the earlier
+    launch's (300, 400, 450) included; the interval from 450 to its own first commit is audited too."""
+    import json
+    import signal
+
+    from procsv.ipc.messages import Hello, Role
+
+    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
+    assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
+    sim.commit(450)
+    sim.dies(TRAINER, 42)
+    sim.tick(1.0)
+    assert sim.view.finishing
+    sim.dies(AUDITOR, -15)  # the shutdown's SIGTERM: auditor 4 ends without its answer
+    audits.round()
+    last = [r for r in said if r.event == Event.AUDIT][-1]
+    assert last.fields["verdict"] == "unaudited" and "left to the next launch with --audit" in last.say, last
+    left = json.loads(json.dumps(ex.carries[-1]))  # (as the file holds it)
+    assert [p[:2] for p in left["pending"]] == [[200, 300], [300, 400], [400, 450]], left
+    assert left["newest"] == 450 and left["exact"] is True
+
+    sim2 = Sim()  # the next launch; its trainer resumes 450
+    ex2, said2, told2 = _Ex(sim2), [], []  # type: ignore[var-annotated]
+    ex2.left, ex2.on_disk = left, {s: f"/l/model.ckpt-{s}" for s in (100, 200, 300, 400, 450)}
+    audits2 = Auditors("every", ex2, sim2.view, 1, said2.extend, told2.append)  # type: ignore[arg-type]
+    assert ("procsv: audit: steps 200-300, 300-400, 400-450, committed by an earlier launch and not audited yet: "
+            "replayed first") in [r.say for r in said2]
+    assert holds(audits2.book) == [200, 300, 400, 450]  # retention keeps them for the replays
+    audits2.heard(Hello(Role.CHECKPOINT, 1, 1))
+    sim2.start_trainer(steps=5)
+    audits2.heard(SaveResult(500, SaveReason.PERIODIC, True, "/l/model.ckpt-500", None, 0.1, attempt=1))
+    sim2.commit(500)
+    assert audits2.book.queue[-1].start == 450 and audits2.book.queue[-1].resumed  # from the newest: audited too
+    for answer in (BAD, BAD):  # two replays agree, not with the trainer: the program was known to replay exactly
+        audits2.round()  # (four waiting: the oldest two merged, as a launch's own are when its auditor falls behind)
+        assert ex2.forked[-1][1] == "200:400"
+        audits2.heard(AuditResult(1000 + audits2.attempt, audits2.attempt, 200, 400, list(answer.differ),
+                                  answer.digest, "a"))
+        sim2.dies(AUDITOR, 0)
+    assert [r.fields["verdict"] for r in said2 if r.event == Event.AUDIT][-1] == "trainer"
+    assert [(a.slot, a.attempt) for a in ex2.performed if isinstance(a, Kill)] == [(TRAINER, 1)]
+    assert sim2.view.rollback_before is not None and sim2.view.rollback_before[0] == 201
+    assert [(m.after, list(m.steps)) for m in told2 if isinstance(m, AuditQuarantine)] == [(200, [300, 400, 450, 500])]
+    assert ex2.carries[-1]["pending"] == [] and ex2.carries[-1]["newest"] == 200  # (the new timeline starts there)
+
+
+def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_and_said_otherwise() -> None:
+    """An interval whose checkpoint is gone (retention while the audit was off, a person) cannot be replayed: said,
+    counted as dropped; the newest commit is where the next interval starts only while it is the newest on disk (the
+    new trainer resumes from it); a file of another layout (a group's audit, a single trainer's now) or version, or
+    one not readable, is said and left; a launch without the audit takes nothing; what a book leaves, taken back,
+    is the same intervals (their flags kept)."""
+    book = _book(steps=(100, 200, 300))
+    assert all(i.resumed for i in book.queue)  # (commits of no attempt said: each a fresh start)
+    book.queue[:1] = [replace_interval(book.queue[0], resumed=False)]
+    left = carried(book)
+    again = AuditBook(mode=AuditMode.EVERY)
+    on_disk = {s: f"/m/model.ckpt-{s}" for s in (100, 200, 300)}
+    assert carry_in(again, left, on_disk) == [
+        "procsv: audit: steps 100-200, 200-300, committed by an earlier launch and not audited yet: replayed first"]
+    assert [(i.start, i.end, i.resumed, i.end_path) for i in again.queue] == [
+        (100, 200, False, "/m/model.ckpt-200"), (200, 300, True, "/m/model.ckpt-300")]
+    assert again.last is not None and again.last.step == 300 and again.commits == {200: 0, 300: 0}
+
+    gone = AuditBook(mode=AuditMode.EVERY)
+    said = carry_in(gone, left, {100: "/m/model.ckpt-100", 300: "/m/model.ckpt-300", 400: "/m/model.ckpt-400"})
+    assert said == ["procsv: audit: steps 100-200 of an earlier launch were not audited and cannot be: the checkpoint(s) "
+                    "of step(s) 200 are gone",
+                    "procsv: audit: steps 200-300 of an earlier launch were not audited and cannot be: the checkpoint(s) "
+                    "of step(s) 200 are gone"]
+    assert gone.queue == [] and gone.dropped_steps == 200 and gone.last is None  # (400 is newer: resumed from there)
+
+    group = AuditBook(mode=AuditMode.EVERY, group=1)
+    assert carry_in(group, left, on_disk) == ["procsv: audit: an earlier launch's audit of another layout left 2 "
+                                              "interval(s) unaudited: not audited in this launch"] and not group.queue
+    bad = AuditBook(mode=AuditMode.EVERY)
+    assert "is not readable" in carry_in(bad, {"pending": [["x"]]}, on_disk)[0] and not bad.queue
+    assert carry_in(AuditBook(mode=AuditMode.OFF), left, on_disk) == []
+    sim = Sim()
+    ex, said2 = _Ex(sim), []  # type: ignore[var-annotated]
+    ex.left = ...  # (a file there that cannot be read)
+    Auditors("every", ex, sim.view, 1, said2.extend, lambda msg: None)  # type: ignore[arg-type]
+    assert [r.say for r in said2] == ["procsv: audit: .procsv/audit.json (what an earlier launch's audit left) cannot "
+                                      "be read; its intervals, if any, are not audited"]
+
+
+def replace_interval(interval, **changes):  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    return dataclasses.replace(interval, **changes)

@@ -18,6 +18,7 @@ so that plain TF tools work on it; procsv's own bookkeeping under ``.procsv/`` a
     <logdir>/.procsv/lock                      flock held by the live launch
     <logdir>/.procsv/checkpoints/*.json        one manifest per committed checkpoint
     <logdir>/.procsv/checkpoint_settings.json  the trainer's retention settings (checkpoint service)
+    <logdir>/.procsv/audit.json                --audit's unfinished intervals, for the next launch (the watchdog)
     <logdir>/.procsv/tmp/                      checkpoints being written (cleaned at start)
     <logdir>/.procsv/quarantine/<prefix>/      a checkpoint that failed verification: its files and
                                                manifest, moved aside for a person to look at
@@ -119,6 +120,11 @@ class Layout:
     def report(self) -> str:
         """The recovery report of the last launch (``logs/report.json``)."""
         return os.path.join(self.logs, "report.json")
+
+    @property
+    def audit_carry(self) -> str:
+        """What ``--audit`` left unaudited at a launch's end, for the next launch (the watchdog writes and reads it)."""
+        return os.path.join(self.meta, "audit.json")
 
     @property
     def state_file(self) -> str:

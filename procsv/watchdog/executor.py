@@ -13,6 +13,7 @@ One concern: performing the decision function's actions on the run's real proces
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import uuid
@@ -26,7 +27,8 @@ from procsv.cluster import make_tf_config
 from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
                                GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, STANDBY as STANDBY_ENV)
 from procsv.common.bootstrap import Resume
-from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file
+from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file, read_json, write_json
+from procsv.common.manifests import list_committed
 from procsv.ipc.codec import encode
 from procsv.ipc.messages import Promotion
 from procsv.common.mutex import RobustMutex
@@ -374,6 +376,21 @@ class Executor(Prewarmed):
         except psutil.Error:
             return None
         return float(used.user + used.system)
+
+    def carry_audit(self, carried: dict[str, object]) -> None:
+        """Persist what ``--audit`` leaves the next launch (:func:`~procsv.watchdog.audit.verdict.carried`), on the
+        logdir writer thread (a stalled filesystem never holds the loop), atomically (write, fsync, rename)."""
+        path = self.layout.audit_carry
+        self.disk(lambda: write_json(path, carried))
+
+    def audit_left(self) -> tuple[object, dict[int, str]]:
+        """What an earlier launch's audit left (the JSON of ``.procsv/audit.json``: None, no such file; ``...``, a
+        file that cannot be read) and the committed checkpoints now, step -> path; read once, at the launch's start."""
+        path = self.layout.audit_carry
+        left = read_json(path)
+        if left is None and os.path.exists(path):
+            left = ...
+        return left, {m.step: m.path(self.layout.logdir) for m in list_committed(self.layout)}
 
     def fork(self, pending: PendingFork, target: str, args: Sequence[str]) -> bool:
         """Ask the zygote, when it is ready, for ``pending``'s process (:meth:`poll_fork` completes it);

@@ -21,7 +21,11 @@ checkpoints that timeline committed after S1 (:func:`~procsv.watchdog.audit.verd
 ``audit_quarantine`` record and a line), told again at a service's hello: it moves them to the quarantine.
 The auditor runs only part of the time, stopped and continued as the duty cycle says
 (:mod:`procsv.watchdog.audit.duty`: pure, fed the trainer's :class:`~procsv.ipc.messages.Progress`), so that it
-costs the trainer at most half a percent of its steps.
+costs the trainer at most half a percent of its steps. What a launch's end would leave unjudged
+(:func:`~procsv.watchdog.audit.verdict.carried`) is persisted at every commit and verdict through the executor, and an
+earlier launch's is put in the book at the start (:func:`~procsv.watchdog.audit.verdict.carry_in`): replayed first.
+
+One concern: performing the audit's decisions in the watchdog's loop (auditors, verdicts, rollbacks, what is kept).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           died, end_wait, group_name, holds, late, next_replay, pending, replayed,
-                                           rollback, rolled_back, seen, stopping, wrong_timeline)
+                                           carried, carry_in, died, end_wait, group_name, holds, late, next_replay,
+                                           pending, replayed, rollback, rolled_back, seen, stopping, unrolled,
+                                           wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -72,6 +77,13 @@ class Auditors:
         self.still = stillness.Stillness()  # the running auditor's CPU readings: is it hung
         self.hung: Optional[str] = None  # why the running auditor was killed as hung (its death's reason)
         self.deferred: Optional[Judged] = None  # a trainer verdict waiting for the restart being forked to be in the view
+        if self.book.mode != AuditMode.OFF and not self.book.off:  # (an earlier launch's intervals left unjudged: first)
+            left, on_disk = ex.audit_left()
+            said = carry_in(self.book, left, on_disk) if left is not ... else [
+                "procsv: audit: .procsv/audit.json (what an earlier launch's audit left) cannot be read; its intervals, "
+                "if any, are not audited"]
+            report([Report(say=line, err=True) for line in said])
+            self._hold()
         self._publish()
 
     def heard(self, msg: Message) -> None:
@@ -100,6 +112,7 @@ class Auditors:
                       final=getattr(msg.reason, "value", msg.reason) == "final")
             self._holes()
             self._publish()
+            self._leave()
         elif isinstance(msg, SaveResult) and msg.ok and getattr(msg.reason, "value", msg.reason) == "final":
             self.book.session_ended(msg.step)  # (again: its step's save came first; the session ended there all the same)
         elif isinstance(msg, AuditResult) and self.running == msg.attempt and not self.answered:
@@ -125,6 +138,7 @@ class Auditors:
             if trainer is None or not self.ex.asking(TRAINER, trainer.attempt + 1):
                 judged, self.deferred = self.deferred, None
                 self._act(judged)
+                self._leave()
         members = self._members()
         if self.running is not None and not (self.answered or self.dead):  # (a replay dies once, whatever its
             self._ended(members)                                              # members' reaps take)
@@ -279,9 +293,11 @@ class Auditors:
                                     say=f"procsv: audit: a replay of steps {interval.start}-{interval.end} differs from "
                                         f"the trainer's checkpoint ({names}); a second replay by a fresh auditor "
                                         "decides", err=True)])
+            self._leave()
             return
         self.report([_record(judged, self.host)])
         self._act(judged)
+        self._leave()
 
     def _act(self, judged: Judged) -> None:
         """What a verdict does to the trainer (:func:`~procsv.watchdog.audit.verdict.rollback`): a running trainer is
@@ -297,6 +313,8 @@ class Auditors:
             return
         self.report([Report(say=said, err=True) for said in stopping(  # (a run stopping: what is rolled back, or not)
             self.book, judged, rb, trainer.attempt if trainer else 0, self.view.stop_signal is not None or self.view.finishing)])
+        if rb is None and judged.verdict == Verdict.TRAINER and not judged.made:
+            unrolled(self.book, judged)  # (nothing rolled back in this launch: the next one judges it again)
         blamed = judged.verdict == Verdict.TRAINER and (rb is not None or judged.made)  # (a trial blames no host)
         if blamed and self.book.group > 1:  # (counted, no host's transient fault: none can be told)
             self.view.findings.miscomputed[self.host] = self.view.findings.miscomputed.get(self.host, 0) + 1
@@ -335,6 +353,7 @@ class Auditors:
         interval = self.book.current
         judged = died(self.book, replay, self.ex.clock(), final=self.view.finishing)
         self._publish()
+        self._leave()
         if judged is not None:
             self.report([_record(judged, self.host)])
         elif interval is not None:
@@ -352,6 +371,12 @@ class Auditors:
                             say=f"procsv: audit: quarantining the checkpoint(s) of step(s) {names}, committed after "
                                 f"step {wrong.after} by the timeline rolled back (trainer attempt {wrong.attempt}; "
                                 f"{wrong.reason}): moved to .procsv/quarantine/", err=True)])
+
+    def _leave(self) -> None:
+        """What the audit would leave the next launch now (:func:`~procsv.watchdog.audit.verdict.carried`), persisted:
+        at every commit and every verdict (what it holds changes only then)."""
+        if self.book.mode != AuditMode.OFF:
+            self.ex.carry_audit(carried(self.book))
 
     def _publish(self) -> None:
         """The audit's figures, as ``status.json`` and the metrics show them."""

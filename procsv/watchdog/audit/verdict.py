@@ -56,6 +56,14 @@ book notes every commit's step and attempt (:func:`seen`), and a rollback says w
 late commit of such an attempt after it (:func:`seen`); the checkpoint service moves them
 (:class:`~procsv.ipc.messages.AuditQuarantine`).
 
+A launch's end leaves intervals unjudged: waiting, being replayed, a candidate undecided, and a trainer verdict the end
+rolled nothing back for (a stop, a preemption, the watchdog killed). Their checkpoints hold what the next launch resumes
+from, so a fault in them would pass for good: :func:`carried` says what the book leaves the next launch (the watchdog
+persists it at every commit and verdict, ``<logdir>/.procsv/audit.json``), and :func:`carry_in` puts it in the next
+launch's book: those intervals are replayed first (their checkpoints held), the interval from the newest commit to the
+new trainer's first is one too, and a trainer verdict on one rolls the new trainer back to its start and quarantines
+every checkpoint after it, the earlier launch's included.
+
 One concern: the audit's decisions, from the commits it hears to what a verdict means and leaves behind.
 """
 
@@ -76,6 +84,7 @@ RECENT = 64  # the verdicts kept (their counts are kept whole)
 RETRIES = 2  # a dead auditor's interval is replayed again by a fresh auditor at most this many times (then: unaudited)
 RETRY_SECS = 1.0  # the wait before a fresh auditor after one died; doubled with every death running (any interval)
 RETRY_MAX_SECS = 60.0  # ... at most this
+CARRY_VERSION = 1  # the schema of what a launch's audit leaves the next (:func:`carried`)
 MERGE_MAX = 8  # a merged interval is at most this many times the longest commit interval waiting (past it: the oldest dropped)
 
 
@@ -328,9 +337,13 @@ class AuditBook:
         if not final and len(lost) <= RETRIES:
             return None
         why = "; ".join(dict.fromkeys(r.error for r in lost))
-        return self._close(Judged(Verdict.UNAUDITED, interval, (*self.answers, *lost),
-                                  f"procsv: audit of steps {interval.start}-{interval.end}: no verdict "
-                                  f"({len(lost)} auditor{'s' if len(lost) > 1 else ''} died before their answer: {why})"))
+        judged = self._close(Judged(Verdict.UNAUDITED, interval, (*self.answers, *lost),
+                                    f"procsv: audit of steps {interval.start}-{interval.end}: no verdict "
+                                    f"({len(lost)} auditor{'s' if len(lost) > 1 else ''} died before their answer: {why})"
+                                    + ("; left to the next launch with --audit, which replays it first" if final else "")))
+        if final:  # (the run's end killed it: its interval waits for the next launch, :func:`carried`)
+            self.queue.insert(0, interval)
+        return judged
 
     def replayed(self, replay: Replay) -> Optional[Judged]:
         """An auditor's answer on :attr:`AuditBook.current`: a verdict, or None when a second replay is due
@@ -593,8 +606,8 @@ def stopping(book: AuditBook, judged: Judged, rb: Optional[AuditRollback], attem
     """The line of a trainer verdict reached while the run stops (pure; ``rb``: its rollback, ``attempt``: the trainer's,
     ``stop``: a stop was asked): none but for a trainer verdict. The run's end decided (``rb`` None): nothing is rolled
     back in this launch (no trainer may start again), and the checkpoints its timeline committed after S1 (by
-    ``attempt`` or an earlier one, the stop's own among them when it was heard) hold the state computed wrongly: a
-    launch again resumes the newest. A running trainer asked to stop (killed by ``rb``): it writes no stop's
+    ``attempt`` or an earlier one, the stop's own among them when it was heard) hold the state computed wrongly: the
+    interval is left to the next launch (:func:`unrolled`, :func:`carried`), which judges it again and rolls back. A running trainer asked to stop (killed by ``rb``): it writes no stop's
     checkpoint, which would hold that state, and no restart follows: a launch again resumes S1."""
     start = judged.interval.start
     if judged.verdict != Verdict.TRAINER or not stop or (rb is not None and (rb.finished or rb.ended)):
@@ -604,9 +617,76 @@ def stopping(book: AuditBook, judged: Judged, rb: Optional[AuditRollback], attem
                 f"hold the state computed wrongly; launching again resumes from step {start}"]
     wrong = sorted(s for s, a in book.commits.items() if s > start and a <= attempt)
     held = (f"the checkpoint(s) of step(s) {', '.join(str(s) for s in wrong)}, committed after step {start}, hold the "
-            "state computed wrongly and stay (launching again resumes the newest of them, the fault kept)") if wrong \
-        else f"no checkpoint after step {start} was heard"
-    return [f"procsv: audit: the run is stopping, so nothing is rolled back to step {start} in this launch: {held}"]
+            "state computed wrongly") if wrong else f"no checkpoint after step {start} was heard"
+    return [f"procsv: audit: the run is stopping, so nothing is rolled back to step {start} in this launch: {held}; "
+            f"launching again with --audit replays steps {start}-{judged.interval.end} first and rolls back to step "
+            f"{start} (without it, the newest is resumed, the fault kept)"]
+
+
+def unrolled(book: AuditBook, judged: Judged) -> None:
+    """A trainer verdict the run's end rolled nothing back for (:func:`stopping`): its interval waits again, for the
+    next launch (:func:`carried`), whose replays judge it again and roll its trainer back (no auditor follows in this
+    launch: the run is finishing)."""
+    if judged.interval not in book.queue:
+        book.queue.insert(0, judged.interval)
+
+
+def carried(book: AuditBook) -> dict[str, object]:
+    """What this launch's audit leaves the next launch of its logdir (pure; JSON): the intervals not judged yet (an
+    undecided candidate's or trial's, the one being replayed, the ones waiting, by their steps: the next launch finds
+    their checkpoints on disk), the newest commit's step (the next launch's first interval starts there), whether the
+    program's steps were shown to replay exactly, and the hosts a group's audit spans. An audit switched off leaves
+    nothing."""
+    if book.off:
+        return {"version": CARRY_VERSION, "group": book.group, "newest": None, "exact": False, "pending": []}
+    undecided = [j.interval for j in (book.known.candidate, book.known.trial) if j is not None]
+    pending: list[Interval] = []
+    for i in sorted([*undecided, *([book.current] if book.current is not None else []), *book.queue],
+                    key=lambda i: (i.start, i.end)):
+        if i not in pending:
+            pending.append(i)
+    return {"version": CARRY_VERSION, "group": book.group, "newest": book.last.step if book.last is not None else None,
+            "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
+
+
+def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str]:
+    """Put what an earlier launch's audit left (``left``: :func:`carried`'s JSON as read back) in this launch's new
+    book (pure), ``on_disk`` the committed checkpoints now (step -> path): its intervals whose two checkpoints are both
+    on disk wait first (merged as :func:`waiting` merges); the newest commit, if it is still the newest on disk, is
+    where the next interval starts (the new trainer resumes from it); the checkpoints after the oldest interval's
+    start are noted as an earlier launch's commits (attempt 0: a rollback to that start quarantines them). Returns
+    the lines to say (none: nothing was left). An interval whose checkpoint is gone is a hole, said and counted."""
+    if book.mode == AuditMode.OFF or book.off or not isinstance(left, dict):
+        return []
+    try:
+        rows = [(int(r[0]), int(r[1]), bool(r[2]), bool(r[3]), int(r[4])) for r in left.get("pending", [])]
+        newest, group, exact = left.get("newest"), int(left.get("group", 0)), bool(left.get("exact", False))
+        version = int(left.get("version", 0))
+    except (TypeError, ValueError, IndexError):
+        return ["procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its "
+                "intervals, if any, are not audited"]
+    if version != CARRY_VERSION or group != book.group:
+        return [f"procsv: audit: an earlier launch's audit {'of another layout' if version == CARRY_VERSION else 'of another version'} "
+                f"left {len(rows)} interval(s) unaudited: not audited in this launch"] if rows else []
+    said, kept = [], []
+    for start, end, resumed, session_start, part in rows:
+        if start in on_disk and end in on_disk and start < end:
+            kept.append(Interval(start, end, on_disk[start], on_disk[end], resumed, session_start, part))
+            continue
+        book.dropped_steps += max(0, end - start)
+        gone = ", ".join(str(s) for s in (start, end) if s not in on_disk)
+        said.append(f"procsv: audit: steps {start}-{end} of an earlier launch were not audited and cannot be: the "
+                    f"checkpoint(s) of step(s) {gone} are gone")
+    if isinstance(newest, int) and on_disk and newest == max(on_disk):
+        book.last = Newest(newest, on_disk[newest], None, True)
+    if kept:
+        book.known.exact = exact
+        book.queue = waiting([*kept, *book.queue], book.mode)
+        floor = min(i.start for i in kept)
+        book.commits.update({s: 0 for s in on_disk if s > floor})
+        said.append(f"procsv: audit: steps {', '.join(f'{i.start}-{i.end}' for i in kept)}, committed by an earlier "
+                    "launch and not audited yet: replayed first")
+    return said
 
 
 def group_name(hosts: int) -> str:
