@@ -15,7 +15,7 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveResult
 from procsv.watchdog.audit.auditors import Auditors, _record
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
-                                           SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Replay, Verdict,
+                                           SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Exactness, Replay, Verdict,
                                            carried, carry_in, committed, died, end_wait, holds, late, next_replay,
                                            pending, replayed, rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.events import Event, Report
@@ -1085,7 +1085,8 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
     """An interval whose checkpoint is gone (retention while the audit was off, a person) cannot be replayed: said,
     counted as dropped; the newest commit is where the next interval starts only while it is the newest on disk (the
     new trainer resumes from it); a file of another layout (a group's audit, a single trainer's now) or version, or
-    one not readable, is said and left; a launch without the audit takes nothing; what a book leaves, taken back,
+    one not readable, is said and left, and so is one of another program or other arguments (its replays would
+    differ without a fault: a false verdict, the user's work rolled back); a launch without the audit takes nothing; what a book leaves, taken back,
     is the same intervals (their flags kept)."""
     book = _book(steps=(100, 200, 300))
     assert all(i.resumed for i in book.queue)  # (commits of no attempt said: each a fresh start)
@@ -1107,6 +1108,11 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
                     "of step(s) 200 are gone"]
     assert gone.queue == [] and gone.dropped_steps == 200 and gone.last is None  # (400 is newer: resumed from there)
 
+    other = AuditBook(mode=AuditMode.EVERY, known=Exactness(program='["train.py", "--lr", "0.1", "ab12"]'))
+    assert carry_in(other, left, on_disk) == [
+        "procsv: audit: an earlier launch's audit of another program or other arguments (a replay by this one would "
+        "differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in this launch"]
+    assert not other.queue and other.last is None and not other.commits
     group = AuditBook(mode=AuditMode.EVERY, group=1)
     assert carry_in(group, left, on_disk) == ["procsv: audit: an earlier launch's audit of another layout left 2 "
                                               "interval(s) unaudited: not audited in this launch"] and not group.queue
@@ -1125,3 +1131,20 @@ def replace_interval(interval, **changes):  # type: ignore[no-untyped-def]
     import dataclasses
 
     return dataclasses.replace(interval, **changes)
+
+
+def test_the_programs_fingerprint_changes_with_its_arguments_and_its_source(tmp_path) -> None:
+    """What the carried intervals are compared by (``config.program_fingerprint``): a relaunch of the same command is
+    the same program; other arguments, or the script edited between the launches, are not (its replays of the earlier
+    launch's intervals would differ without a fault)."""
+    from procsv.watchdog.config import program_fingerprint
+
+    script = tmp_path / "train.py"
+    script.write_text("print('step')\n")
+    same = program_fingerprint("train.py", ["--lr", "0.1"], str(tmp_path))
+    assert same == program_fingerprint("train.py", ["--lr", "0.1"], str(tmp_path))
+    assert same != program_fingerprint("train.py", ["--lr", "0.2"], str(tmp_path))
+    script.write_text("print('another step')\n")
+    assert same != program_fingerprint("train.py", ["--lr", "0.1"], str(tmp_path))
+    module = program_fingerprint("procsv.examples.digits", [], str(tmp_path))
+    assert module == program_fingerprint("procsv.examples.digits", [], str(tmp_path)) and '""]' not in module

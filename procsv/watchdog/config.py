@@ -7,7 +7,9 @@ function (:mod:`procsv.watchdog.rules.decide`) is given.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -167,6 +169,29 @@ def check_target(target: str, cwd: str) -> None:
                          "pass an importable module name or a path to a .py file")
     if spec.origin and spec.origin.endswith(".py"):
         _check_syntax(target, spec.origin)
+
+
+def program_fingerprint(target: str, args: list[str], cwd: str) -> str:
+    """What the training program is, for the audit's intervals carried to the next launch (issue 71): TARGET, its
+    arguments and a digest of its own source file (a module's as found from ``cwd``; empty when none is found). A
+    replay by another program, or with other arguments, would differ from an earlier launch's checkpoints without a
+    fault: such intervals are not carried in (:func:`procsv.watchdog.audit.verdict.carry_in`)."""
+    path: Optional[str] = os.path.join(cwd, target) if target.endswith(".py") or os.sep in target else None
+    if path is None:
+        sys.path.insert(0, cwd)
+        try:
+            spec = importlib.util.find_spec(target)
+            path = spec.origin if spec is not None else None
+        except (ImportError, ValueError):
+            path = None
+        finally:
+            sys.path.remove(cwd)
+    try:
+        with open(path or "", "rb") as fh:
+            source = hashlib.blake2b(fh.read(), digest_size=8).hexdigest()
+    except OSError:
+        source = ""
+    return json.dumps([target, *args, source])
 
 
 def _check_syntax(target: str, path: str) -> None:

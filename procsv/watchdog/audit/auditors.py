@@ -36,8 +36,8 @@ from typing import Callable, Optional
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
-from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Judged, Replay, Verdict, committed,
-                                           carried, carry_in, died, end_wait, group_name, holds, late, next_replay,
+from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Exactness, Judged, Replay, Verdict,
+                                           committed, carried, carry_in, died, end_wait, group_name, holds, late, next_replay,
                                            pending, replayed, rollback, rolled_back, seen, stopping, unrolled,
                                            wrong_timeline)
 from procsv.watchdog.executor import Executor
@@ -53,9 +53,10 @@ class Auditors:
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
-                 ps: bool = False, elastic: bool = False) -> None:
+                 ps: bool = False, elastic: bool = False, program: str = "") -> None:
         self.members, off = replayers(world, hosts, ps, elastic)
-        self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0)
+        self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0,
+                              known=Exactness(program=program))  # (``program``: config.program_fingerprint)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])

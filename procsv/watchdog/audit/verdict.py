@@ -212,6 +212,8 @@ class Exactness:
     # interval and replays: its verdict, one interval later, rests on them)
     trial: Optional[Judged] = None  # a group's candidate rolled back on trial (:attr:`Verdict.TRIAL`), undecided: the
     # next interval the group ran on from before its start decides
+    program: str = ""  # what the program is (TARGET, its arguments, its source's digest): these facts are its; an
+    # earlier launch's intervals are carried in only for the same (:func:`carry_in`)
 
     def probe(self) -> None:
         """An interval got its verdict's replays: the first interval's second replay (its determinism) was made."""
@@ -638,15 +640,16 @@ def carried(book: AuditBook) -> dict[str, object]:
     program's steps were shown to replay exactly, and the hosts a group's audit spans. An audit switched off leaves
     nothing."""
     if book.off:
-        return {"version": CARRY_VERSION, "group": book.group, "newest": None, "exact": False, "pending": []}
+        return {"version": CARRY_VERSION, "group": book.group, "program": book.known.program, "newest": None,
+                "exact": False, "pending": []}
     undecided = [j.interval for j in (book.known.candidate, book.known.trial) if j is not None]
     pending: list[Interval] = []
     for i in sorted([*undecided, *([book.current] if book.current is not None else []), *book.queue],
                     key=lambda i: (i.start, i.end)):
         if i not in pending:
             pending.append(i)
-    return {"version": CARRY_VERSION, "group": book.group, "newest": book.last.step if book.last is not None else None,
-            "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
+    return {"version": CARRY_VERSION, "group": book.group, "program": book.known.program,
+            "newest": book.last.step if book.last is not None else None, "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
 
 
 def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str]:
@@ -655,19 +658,24 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     on disk wait first (merged as :func:`waiting` merges); the newest commit, if it is still the newest on disk, is
     where the next interval starts (the new trainer resumes from it); the checkpoints after the oldest interval's
     start are noted as an earlier launch's commits (attempt 0: a rollback to that start quarantines them). Returns
-    the lines to say (none: nothing was left). An interval whose checkpoint is gone is a hole, said and counted."""
+    the lines to say (none: nothing was left). An interval whose checkpoint is gone is a hole, said and counted;
+    nothing is carried in from an earlier launch of another program, other arguments or another layout (its
+    replays would differ without a fault: a false verdict)."""
     if book.mode == AuditMode.OFF or book.off or not isinstance(left, dict):
         return []
     try:
         rows = [(int(r[0]), int(r[1]), bool(r[2]), bool(r[3]), int(r[4])) for r in left.get("pending", [])]
         newest, group, exact = left.get("newest"), int(left.get("group", 0)), bool(left.get("exact", False))
-        version = int(left.get("version", 0))
+        version, program = int(left.get("version", 0)), str(left.get("program", ""))
     except (TypeError, ValueError, IndexError):
         return ["procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its "
                 "intervals, if any, are not audited"]
-    if version != CARRY_VERSION or group != book.group:
-        return [f"procsv: audit: an earlier launch's audit {'of another layout' if version == CARRY_VERSION else 'of another version'} "
-                f"left {len(rows)} interval(s) unaudited: not audited in this launch"] if rows else []
+    if version != CARRY_VERSION or group != book.group or program != book.known.program:
+        other = "of another version" if version != CARRY_VERSION else "of another layout" if group != book.group else \
+            ("of another program or other arguments (a replay by this one would differ from its checkpoints without a "
+             "fault)")
+        return [f"procsv: audit: an earlier launch's audit {other} left {len(rows)} interval(s) unaudited: not audited "
+                "in this launch"] if rows else []
     said, kept = [], []
     for start, end, resumed, session_start, part in rows:
         if start in on_disk and end in on_disk and start < end:
