@@ -476,17 +476,28 @@ def final_weights(logdir: str, step: Optional[int] = None) -> dict[str, Any]:
 CLEAN_ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
 
 
-@pytest.fixture(scope="session")
-def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) -> dict[str, Any]:
-    """The final weights of an uninterrupted digits run of ``CLEAN_ARGS`` (the same whatever the
-    checkpoint schedule), run once per test session (``shared_result``: every worker reads it)."""
+CLEAN_MID = 600  # the uninterrupted digits run's one checkpoint before its last: a shorter run's reference
+
+
+def clean_digits(shared_result: Callable[[str, Callable[[str], None]], str]) -> str:
+    """The logdir of an uninterrupted digits run of ``CLEAN_ARGS`` (the same weights whatever the
+    checkpoint schedule), run once per test session (``shared_result``: every worker reads it): its
+    checkpoints of step ``CLEAN_MID`` and its last, 1200 (``final_weights(folder, CLEAN_MID)``: the
+    weights a run of ``CLEAN_MID`` steps ends with)."""
     def produce(logdir: str) -> None:
         # (no sleep after each step: the same weights, ~0.4 CPU-s and 2 s sooner; the killed runs compared
         # with it keep CLEAN_ARGS' pace)
-        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0"))
+        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0",
+                                       "--save-checkpoint-steps", str(CLEAN_MID)))
         assert code == 0, err
 
-    return final_weights(shared_result("clean-digits", produce))
+    return shared_result("clean-digits", produce)
+
+
+@pytest.fixture(scope="session")
+def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) -> dict[str, Any]:
+    """The final weights of the uninterrupted digits run of ``CLEAN_ARGS`` (:func:`clean_digits`)."""
+    return final_weights(clean_digits(shared_result))
 
 
 def _finetune_keras(folder: str) -> None:
