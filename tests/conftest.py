@@ -473,31 +473,23 @@ def final_weights(logdir: str, step: Optional[int] = None) -> dict[str, Any]:
             if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
 
 
-CLEAN_ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
-
-
-CLEAN_MID = 600  # the uninterrupted digits run's one checkpoint before its last: a shorter run's reference
-
-
-def clean_digits(shared_result: Callable[[str, Callable[[str], None]], str]) -> str:
-    """The logdir of an uninterrupted digits run of ``CLEAN_ARGS`` (the same weights whatever the
-    checkpoint schedule), run once per test session (``shared_result``: every worker reads it): its
-    checkpoints of step ``CLEAN_MID`` and its last, 1200 (``final_weights(folder, CLEAN_MID)``: the
-    weights a run of ``CLEAN_MID`` steps ends with)."""
-    def produce(logdir: str) -> None:
-        # (no sleep after each step: the same weights, ~0.4 CPU-s and 2 s sooner; the killed runs compared
-        # with it keep CLEAN_ARGS' pace)
-        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0",
-                                       "--save-checkpoint-steps", str(CLEAN_MID)))
-        assert code == 0, err
-
-    return shared_result("clean-digits", produce)
+# an uninterrupted digits run's arguments, and a killed one's compared with it. 600 steps at 6 ms: the seconds its
+# killed runs' kills count in (a checkpoint, a ready standby, a Slurm requeue) as 1200 steps at 3 ms gave them
+# before, in half the steps (each CPU of the trainer and both services: 1.5-2.5 CPU-s a run less)
+CLEAN_ARGS = ("--steps", "600", "--save-model-secs", "1000", "--step-delay", "0.006")
 
 
 @pytest.fixture(scope="session")
 def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) -> dict[str, Any]:
-    """The final weights of the uninterrupted digits run of ``CLEAN_ARGS`` (:func:`clean_digits`)."""
-    return final_weights(clean_digits(shared_result))
+    """The final weights of an uninterrupted digits run of ``CLEAN_ARGS`` (the same whatever the
+    checkpoint schedule), run once per test session (``shared_result``: every worker reads it)."""
+    def produce(logdir: str) -> None:
+        # (no sleep after each step: the same weights, ~0.4 CPU-s and 2 s sooner; the killed runs compared
+        # with it keep CLEAN_ARGS' pace)
+        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0"))
+        assert code == 0, err
+
+    return final_weights(shared_result("clean-digits", produce))
 
 
 def _finetune_keras(folder: str) -> None:

@@ -3,8 +3,8 @@ TF1 graph (a ``MonitoredTrainingSession`` loop).
 
 CPU: one digits launch of 600 steps under ``--audit every`` (checkpoints every 200 steps; the trainer sleeps
 20 ms a step) with a hot standby and six auditors at SCHED_IDLE, each a fork of the zygote replaying 200 steps,
-and 200 steps trained again after the rollback; its clean reference is the shared uninterrupted run's checkpoint of
-step 600 (``conftest.clean_digits``). The graph one: a
+and 200 steps trained again after the rollback; its clean reference is conftest's shared uninterrupted run of 600 steps
+(``clean_weights``). The graph one: a
 600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps, 5 ms a step),
 six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
 reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one: the
@@ -25,8 +25,7 @@ import re
 
 import pytest
 
-from conftest import (CLEAN_MID, clean_digits, final_weights, finish, launch, lifecycle, quiet_env, run_python,
-                      status_json)
+from conftest import final_weights, finish, launch, lifecycle, quiet_env, run_python, status_json
 from test_keras_fit import EXAMPLE, NO_STANDBY, _bit_identical, _weights, reference  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -55,7 +54,7 @@ def rolled_back_when_finished(logdir: str, err: str, start: int, end: int,
 
 
 def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished_rolled_back_and_bit_equal(
-        logdir, shared_result) -> None:
+        logdir, clean_weights) -> None:
     """The bit flips after step 500, in the launch's last interval (400-600): its verdict can only come after
     the trainer's final checkpoint. Under --audit every the run does not end before it: two replays agree with
     each other, not with the trainer; the trainer on this host is named (the audit record, its restart's cause,
@@ -64,7 +63,7 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
     the program replays. Before, 1200 steps saved every 400, the flip after step 1000: each replay and the steps
     trained again twice as long, with the same three intervals.)"""
     env = quiet_env(PROCSV_FAULT="trainer:bitflip:500")
-    code, out, err = finish(launch(logdir, "--steps", str(CLEAN_MID), "--save-model-secs", "1000",
+    code, out, err = finish(launch(logdir, "--steps", "600", "--save-model-secs", "1000",
                                    "--save-checkpoint-steps", "200", "--step-delay", "0.02",
                                    opts=("--audit", "every"), env=env), timeout=300)
     assert code == 0, err[-3000:]
@@ -83,8 +82,7 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
                      shown.stdout), shown.stdout
     shown = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=120)
     assert "1 rollback(s) by an audit" in shown.stdout and f"audit: host {host} computed" in shown.stdout, shown.stdout
-    # (the uninterrupted run's checkpoint of step 600, the run this one is, bit for bit)
-    a, b = final_weights(clean_digits(shared_result), CLEAN_MID), final_weights(logdir)
+    a, b = clean_weights, final_weights(logdir)  # (conftest's uninterrupted run of 600 steps)
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"
