@@ -473,7 +473,10 @@ def final_weights(logdir: str, step: Optional[int] = None) -> dict[str, Any]:
             if "VARIABLE_VALUE" in k and not k.startswith("save_counter")}
 
 
-CLEAN_ARGS = ("--steps", "1200", "--save-model-secs", "1000", "--step-delay", "0.003")
+# an uninterrupted digits run's arguments, and a killed one's compared with it. 600 steps at 6 ms: the seconds its
+# killed runs' kills count in (a checkpoint, a ready standby, a Slurm requeue) as 1200 steps at 3 ms gave them
+# before, in half the steps (each CPU of the trainer and both services: 1.5-2.5 CPU-s a run less)
+CLEAN_ARGS = ("--steps", "600", "--save-model-secs", "1000", "--step-delay", "0.006")
 
 
 @pytest.fixture(scope="session")

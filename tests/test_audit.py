@@ -1,9 +1,10 @@
 """--audit (issue 71) with real processes: a launch whose trainer has one bit of one weight flipped, eager and
 TF1 graph (a ``MonitoredTrainingSession`` loop).
 
-CPU: one digits launch of 1200 steps under ``--audit every`` (checkpoints every 400 steps; the trainer sleeps
-20 ms a step) with a hot standby and six auditors at SCHED_IDLE, each a fork of the zygote replaying 400 steps,
-and 400 steps trained again after the rollback: about 14 CPU-s (measured: see the commit). The graph one: a
+CPU: one digits launch of 600 steps under ``--audit every`` (checkpoints every 200 steps; the trainer sleeps
+20 ms a step) with a hot standby and six auditors at SCHED_IDLE, each a fork of the zygote replaying 200 steps,
+and 200 steps trained again after the rollback; its clean reference is conftest's shared uninterrupted run of 600 steps
+(``clean_weights``). The graph one: a
 600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps, 5 ms a step),
 six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
 reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one: the
@@ -57,22 +58,25 @@ def rolled_back_when_finished(logdir: str, err: str, start: int, end: int,
 
 def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished_rolled_back_and_bit_equal(
         logdir, clean_weights) -> None:
-    """The bit flips after step 1000, in the launch's last interval (800-1200): its verdict can only come after
+    """The bit flips after step 500, in the launch's last interval (400-600): its verdict can only come after
     the trainer's final checkpoint. Under --audit every the run does not end before it: two replays agree with
     each other, not with the trainer; the trainer on this host is named (the audit record, its restart's cause,
-    status.json, procsv status and report) and trains again from step 800; the run ends succeeded, its weights
-    bit-equal to a clean run's."""
-    env = quiet_env(PROCSV_FAULT="trainer:bitflip:1000")
-    code, out, err = finish(launch(logdir, "--steps", "1200", "--save-model-secs", "1000", "--save-checkpoint-steps",
-                                   "400", "--step-delay", "0.02", opts=("--audit", "every"), env=env), timeout=300)
+    status.json, procsv status and report) and trains again from step 400; the run ends succeeded, its weights
+    bit-equal to a clean run's. (The first interval, 0-200, begins where the trainer began: 200-400 matching shows
+    the program replays. Before, 1200 steps saved every 400, the flip after step 1000: each replay and the steps
+    trained again twice as long, with the same three intervals.)"""
+    env = quiet_env(PROCSV_FAULT="trainer:bitflip:500")
+    code, out, err = finish(launch(logdir, "--steps", "600", "--save-model-secs", "1000",
+                                   "--save-checkpoint-steps", "200", "--step-delay", "0.02",
+                                   opts=("--audit", "every"), env=env), timeout=300)
     assert code == 0, err[-3000:]
-    wrong = rolled_back_when_finished(logdir, err, 800, 1200)
+    wrong = rolled_back_when_finished(logdir, err, 400, 600)
     host = wrong["host"]
     audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
     first = [a for a in audits if a[0] in ("mismatch", "trainer")]
-    assert first[:2] == [("mismatch", 800, 1200), ("trainer", 800, 1200)], audits  # the first replay said at once
-    assert "procsv: audit: a replay of steps 800-1200 differs from the trainer's checkpoint" in err
-    assert ("match", 400, 800) in audits and ("match", 800, 1200) in audits, audits  # ... and again after it
+    assert first[:2] == [("mismatch", 400, 600), ("trainer", 400, 600)], audits  # the first replay said at once
+    assert "procsv: audit: a replay of steps 400-600 differs from the trainer's checkpoint" in err
+    assert ("match", 200, 400) in audits and ("match", 400, 600) in audits, audits  # ... and again after it
     assert any("kernel" in d or "_trainable_variables" in d for d in wrong["differ"]), wrong
     st = status_json(logdir)
     assert st["audit"]["verdicts"]["trainer"] == 1 and st["spikes"]["transient_faults"] == {host: 1}
@@ -81,7 +85,7 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
                      shown.stdout), shown.stdout
     shown = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=120)
     assert "1 rollback(s) by an audit" in shown.stdout and f"audit: host {host} computed" in shown.stdout, shown.stdout
-    a, b = clean_weights, final_weights(logdir)
+    a, b = clean_weights, final_weights(logdir)  # (conftest's uninterrupted run of 600 steps)
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"

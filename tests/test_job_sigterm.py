@@ -26,7 +26,10 @@ from conftest import (committed_steps, finish, launch, lifecycle, raw_status, ru
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
 TARGET = "procsv.examples.seeds.basic"
-ARGS = ("--steps", "100000", "--step-delay", "0.005", "--save-checkpoint-steps", "1000000")
+# steps of 20 ms (5 before): each run here waits seconds for processes to be up (the zygote, a hot standby preparing
+# at idle priority) or for a signal's effect, and trains all the while: a quarter of the steps in those seconds,
+# each CPU of the trainer and both services
+ARGS = ("--steps", "100000", "--step-delay", "0.02", "--save-checkpoint-steps", "1000000")
 
 
 def _sighup_at_its_default() -> None:

@@ -26,6 +26,8 @@ STOPPED_SECS = 3.0  # how long the summary service stays stopped (SIGSTOP) befor
 # the summary service's tests restart no trainer: no hot standby prepares for a restart that never comes
 NO_TRAINER_RESTART = ("--standby", "fork")
 STEPS = 1500  # the three kills' run: its last target is below step 900
+# the summary service's own tests: 15 ms a step (5 before; step 100 where it was 300: the same second and a half)
+STEP_SECS = "0.015"
 
 
 def read_scalars(logdir: str) -> dict[str, list[ea.ScalarEvent]]:
@@ -96,10 +98,12 @@ def test_killing_the_summary_service_loses_no_summary_and_no_step_waits_for_it(l
     restarted: every step is logged exactly once, none dropped, and no step waited for the stopped
     service. The trainer's pace with the service down against healthy is a benchmark figure
     (``scripts/bench_summary_outage.py``), not asserted here."""
-    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
+    # steps of 15 ms, not 5: its waits are seconds (the stop, the restart, the restatement), and each step is CPU of
+    # the trainer and the service; STOPPED_SECS still holds 100-180 of them, a step that waited for it a 3 s gap
+    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", STEP_SECS,
                   "--save-model-secs", "2", "--save-summaries-secs", "1", opts=NO_TRAINER_RESTART)
     try:
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 100, 120, what="training to run")
         victim = role_pid(logdir, "summary")
         t_down = time.time()
         os.kill(victim, signal.SIGSTOP)  # first hung (it takes no more data), then dead
@@ -138,11 +142,11 @@ def test_a_stopped_summary_service_is_found_stuck_and_replaced_and_nothing_is_lo
     """SIGSTOP leaves the service alive (its death is never noticed) and answering nothing: the
     trainer's oldest batch passes its deadline (2 s here, 30 s by default), the trainer says so,
     and the watchdog replaces the service, whose successor asks for what was not written."""
-    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", "0.005",
+    proc = launch(logdir, "--steps", "100000", "--log-every-steps", "1", "--step-delay", STEP_SECS,
                   "--save-model-secs", "2", "--save-summaries-secs", "1",
                   env=quiet_env(**{env.SUMMARY_DEADLINE: "2"}), opts=NO_TRAINER_RESTART)
     try:
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 300, 120, what="training to run")
+        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 100, 120, what="training to run")
         victim = role_pid(logdir, "summary")
         os.kill(victim, signal.SIGSTOP)
         new = wait_for(lambda: role_pid(logdir, "summary") not in (None, victim) and role_pid(logdir, "summary"),
