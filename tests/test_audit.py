@@ -16,9 +16,9 @@ Keras tests share (``test_keras_fit.reference``). The group one: digits ``--npro
 300 steps saved every 100, no standby group; five replays of 100 steps, each by a group of two auditors; 100 steps of
 both members trained again; its clean reference is the uninterrupted group run the group tests share
 (``test_group._clean_group_run``, its checkpoint of step 300). The stopped one: two digits launches of the same
-1200 steps saved every 400 (5 ms a step), the first SIGTERMed as checkpoint 800 commits, the second replaying what the
-first left unjudged, then 800 steps trained again after its rollback to 400: about 20 CPU-s, compared with the clean
-run the digits tests share (``conftest.clean_weights``).
+600 steps saved every 200 (6 ms a step), the first SIGTERMed as checkpoint 400 commits, the second replaying what the
+first left unjudged, then 400 steps trained again after its rollback to 200, compared with the clean run the digits
+tests share (``conftest.clean_weights``).
 """
 
 from __future__ import annotations
@@ -93,38 +93,38 @@ def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished
 
 def test_a_fault_whose_verdict_a_stop_cut_off_is_caught_by_the_next_launch_rolled_back_and_bit_equal(
         logdir, clean_weights) -> None:
-    """The field's preemption: the bit flips after step 500 and the launch is stopped (SIGTERM, as Slurm or
-    Kubernetes stop it) as soon as checkpoint 800 commits, long before the two replays of 400-800 can agree. Before,
+    """The field's preemption: the bit flips after step 250 and the launch is stopped (SIGTERM, as Slurm or
+    Kubernetes stop it) as soon as checkpoint 400 commits, long before the two replays of 200-400 can agree. Before,
     the next launch resumed the stop's checkpoint, the wrong state, and audited only its own commits: the fault
     passed for good. Now the stopped launch leaves its unjudged intervals to the next (``.procsv/audit.json``): the
-    next launch replays them first, finds 400-800 computed wrongly, rolls its trainer back to step 400, quarantines
+    next launch replays them first, finds 200-400 computed wrongly, rolls its trainer back to step 200, quarantines
     every checkpoint after it (the stopped launch's among them) and ends succeeded, bit-equal to a clean run."""
     import signal
 
     from conftest import wait_for
 
-    args = ("--steps", "1200", "--save-model-secs", "1000", "--save-checkpoint-steps", "400", "--step-delay", "0.005")
-    proc = launch(logdir, *args, opts=("--audit", "every"), env=quiet_env(PROCSV_FAULT="trainer:bitflip:500"))
-    wait_for(lambda: any(e["event"] == "checkpoint_committed" and e["step"] == 800 for e in lifecycle(logdir)),
-             timeout=240, what="checkpoint 800 committed")
+    args = ("--steps", "600", "--save-model-secs", "1000", "--save-checkpoint-steps", "200", "--step-delay", "0.006")
+    proc = launch(logdir, *args, opts=("--audit", "every"), env=quiet_env(PROCSV_FAULT="trainer:bitflip:250"))
+    wait_for(lambda: any(e["event"] == "checkpoint_committed" and e["step"] == 400 for e in lifecycle(logdir)),
+             timeout=240, what="checkpoint 400 committed")
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc, timeout=240)
     assert "fault injected: bit 20" in out + err, (out + err)[-3000:]  # (the premise)
     first = lifecycle(logdir)
     assert not [e for e in first if e["event"] == "audit" and e["verdict"] == "trainer"], first  # (no verdict yet)
-    stopped = {e["step"] for e in first if e["event"] == "checkpoint_committed" and e["step"] > 400}
-    assert 800 in stopped, stopped
+    stopped = {e["step"] for e in first if e["event"] == "checkpoint_committed" and e["step"] > 200}
+    assert 400 in stopped, stopped
 
     code, out, err = finish(launch(logdir, *args, opts=("--audit", "every"), env=quiet_env()), timeout=300)
     assert code == 0, err[-3000:]
-    assert re.search(r"procsv: audit: steps [0-9, -]*400-800[0-9, -]*, committed by an earlier launch and not audited "
+    assert re.search(r"procsv: audit: steps [0-9, -]*200-400[0-9, -]*, committed by an earlier launch and not audited "
                      r"yet: replayed first", err), err[-3000:]
     events = lifecycle(logdir)[len(first):]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert [(e["start"], e["end"]) for e in wrong] == [(400, 800)], [e for e in events if e["event"] == "audit"]
+    assert [(e["start"], e["end"]) for e in wrong] == [(200, 400)], [e for e in events if e["event"] == "audit"]
     rolled = {s for e in events if e["event"] == "audit_quarantine" for s in e["steps"]}
-    assert stopped <= rolled and min(rolled) > 400, (stopped, rolled)
-    assert 400 in [e["step"] for e in events if e["event"] == "restored"]
+    assert stopped <= rolled and min(rolled) > 200, (stopped, rolled)
+    assert 200 in [e["step"] for e in events if e["event"] == "restored"]
     assert status_json(logdir)["state"] == "succeeded"
     a, b = clean_weights, final_weights(logdir)
     assert a.keys() == b.keys()
