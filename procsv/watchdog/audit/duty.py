@@ -23,6 +23,17 @@ then keeps the duty low rather than swinging it to 1 and back (the budget is kep
 window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
 restarted, or the auditor was not running throughout, is no sample. While the trainer is not training (restarting, finished and waiting for its last
 verdicts) or the run is finishing, the auditor runs free.
+
+The duty alone bounds the cost of the cycle from its estimate on, not the run's: before :data:`SAMPLES_MIN` samples
+the auditor ran half the time whatever it cost (4-5 s of the first 20 s: 1.3 % of a 20-s CPU-bound trainer's steps
+at a slowdown of 5 %, 2 % at 10 %; the benchmark's audit-free/audited ratio of 0.976 where each run's ``cost``
+said 0.004), and :data:`MIN_DUTY` costs more than the budget past a slowdown of 20 %. So the cycle also keeps an
+account over the whole launch's training time (:meth:`DutyCycle.allows`): the seconds the trainer trained, the
+seconds an auditor ran in them, and what that cost at the slowdown known now (the median of the samples so far,
+:data:`PRIOR` before any: a mistaken early estimate is paid back once corrected). A run window begins only if, by
+its end, what the audit cost stays within :data:`TARGET` of the time trained plus :data:`CREDIT` (the first
+window's, which has nothing to go by); otherwise the pause goes on. A trainer on a spare core (no slowdown) is not
+held back; one that a running auditor slows pays for the cycle's first windows by longer pauses after them.
 """
 
 from __future__ import annotations
@@ -44,6 +55,10 @@ SAMPLES = 7  # the samples the slowdown is the median of
 UP = 2.0  # the duty rises at most this many times a sample (it falls to what the estimate says at once): a noisy
 # estimate swings between "costs nothing" and "costs 8 %" (helper-100: the duty flipped 0.049 <-> 1.0 a sample)
 SAMPLES_MIN = 3  # the duty stays START_DUTY until this many
+PRIOR = 0.1  # the slowdown the account assumes before any sample (measured: 3-9 % for an auditor, 7-15 % a busy loop)
+CREDIT = RUN_SECS * PRIOR  # the trainer's seconds the account lends up front: a first run window at PRIOR (a
+# trainer on a spare core is audited from its first interval on); by the estimate, runs of 100 s and more cost at most
+# BUDGET (TARGET, plus CREDIT spread over them), shorter ones CREDIT more
 SETTLE_SECS = 0.15  # the trainer's reports this soon after a switch belong to neither window
 MIN_SPAN = 0.5  # a window's reports must span this share of it to give a rate
 
@@ -65,6 +80,10 @@ class DutyCycle:
     samples: list[float] = field(default_factory=list)
     step_secs: float = 0.0  # the trainer's seconds a step, as its reports show them (between its last two steps)
     last_step: Optional[tuple[float, int]] = None  # the trainer's newest (time, step) whose step was new
+    trained: float = 0.0  # the account: the seconds the trainer trained (ticks not free), this launch
+    ran: float = 0.0  # the account: the seconds of those an auditor was let run (a live one)
+    cost_secs: float = 0.0  # the account: the trainer's seconds those cost it, each at the charge of its time
+    last_tick: Optional[float] = None  # when the last tick was (the account adds the time since, as it was)
 
     @property
     def slowdown(self) -> Optional[float]:
@@ -79,6 +98,26 @@ class DutyCycle:
         """The share of the trainer's throughput the audit costs at this duty (estimated)."""
         x = self.slowdown
         return None if x is None else max(0.0, x) * self.duty
+
+    @property
+    def charge(self) -> float:
+        """The slowdown the account charges a second of the auditor's running: the median of the samples so far
+        (:data:`PRIOR` before any), none below 0."""
+        return max(0.0, 1.0 - statistics.median(self.samples[-SAMPLES:])) if self.samples else PRIOR
+
+    @property
+    def spent(self) -> Optional[float]:
+        """The share of the trainer's time the audit has cost it so far this launch (estimated: each second an auditor
+        ran while it trained at the :attr:`charge` of that second), or None before any training or sample."""
+        if self.trained <= 0.0 or not self.samples:
+            return None
+        return self.cost_secs / self.trained
+
+    def allows(self, secs: float) -> bool:
+        """Whether a run window of ``secs`` keeps the account within the budget by its end: what the audit will have
+        cost the trainer (that window at today's :attr:`charge`) at most :data:`TARGET` of the time trained then, plus
+        :data:`CREDIT`."""
+        return self.cost_secs + secs * self.charge <= TARGET * (self.trained + secs) + CREDIT
 
     def heard(self, now: float, wall: float, step: int, working: bool) -> None:
         """The trainer reported ``step`` at its ``wall`` time (heard at ``now``); ``working``: between steps (a
@@ -118,6 +157,12 @@ class DutyCycle:
         ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
         if self.running and not auditor_live:
             self.spoiled = True
+        if self.last_tick is not None and self.since is not None and not free and now > self.last_tick:
+            self.trained += now - self.last_tick  # the account: the time since the last tick, as the cycle had it
+            if self.running and auditor_live:
+                self.ran += now - self.last_tick
+                self.cost_secs += (now - self.last_tick) * self.charge
+        self.last_tick = now
         if free:
             self._begin(True, None)
             self.pause_rate = self.run_rate = None
@@ -126,8 +171,8 @@ class DutyCycle:
             self._begin(True, now)
             return True
         due = run_secs(self) if self.running else pause_secs(self)
-        if now - self.since < due:
-            return self.running
+        if now - self.since < due or (not self.running and not self.allows(run_secs(self))):
+            return self.running  # (a pause goes on while the account cannot pay for the next run window)
         rate = self._rate(now - self.since)
         if self.running:
             self.run_rate = rate
