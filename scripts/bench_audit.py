@@ -13,14 +13,25 @@
     verdict ``mismatch``: the fault found, before the second replay's verdict), and whether the run ended succeeded with its final weights **bit-equal** to a clean
     run's (one launch without the audit).
 (b) Throughput, ``--runs`` pairs of launches of ``--rate-steps`` with no step delay (the trainer CPU-bound;
-    checkpoints every ``--rate-save-steps``, so a dozen intervals are audited while it trains), ``--audit every``
-    and off, alternated: each first trainer attempt's steps per second as it reports them (``ran N of them in X
-    s``, X to 10 ms, its session's start and end included alike); the ratio of the medians (goal >= 0.995: the
-    auditors run at SCHED_IDLE, on spare CPU only). Each audited run's audited fraction is printed: a ratio
-    of runs whose audit did not keep up says so. Between runs the same program's rate varies more than the
-    0.5 % to resolve on a shared machine (seen here: 908-1194 steps/s audit-free); each audited run's duty cycle
-    also measures its own cost, interleaved within the run (``status.json``'s ``audit.cost``: the slowdown a
-    running auditor caused, times the share of the time it ran), and its median is printed too.
+    checkpoints every ``--rate-save-steps``, so a dozen intervals are committed while it trains), ``--audit every``
+    and off. One after the other (the default) in ABBA order (off then on, on then off, ...: a load that drifts
+    weighs on both alike), each trainer's steps per second as it reports them (``ran N of them in X s``, X to
+    10 ms, its session's start and end included alike), the pair's ratio on/off. An audited launch is stopped
+    (SIGTERM) once its trainer said its rate: the auditors' catching up after the trainer's end, on idle CPU
+    only, is not measured and took minutes on a busy machine. ``--together``: each pair's two
+    launches at the same time (which starts first swapped every pair), the ratio of their steps a second over the
+    window both trainers trained in (``status.json``'s step and the time of its record, interpolated): outside
+    load hits both alike. It does not measure what an auditor's running costs (both trainers want the cores, so
+    an idle-priority auditor gets almost none, and what it takes from one it takes from the other too), but all
+    the audit costs besides: its start, fork and restore, the watchdog's work for it, the checkpoints it holds;
+    and the launch started second trails the first by more than the effect (measured: ratios 0.39 and 2.2 at load
+    10-13), so an even number of pairs, the median of their ratios. Goal >= 0.995 for the median of the pairs'
+    ratios (printed with its min and max). Beside it, per pair, each launch's CPU seconds by role in its trainer's
+    window (psutil every 0.1 s over the launch's processes, named by the log their stdout writes: watchdog,
+    checkpoint, summary, zygote, trainer, standby, auditor), the trainer's CPU a step, and each audited run's own
+    estimates: the duty cycle's ``cost`` at the end (the slowdown it measured times its duty) and ``spent`` (its
+    account: what the audit cost over the run). The shared 2-core machine's noise is far above 0.5 % for a
+    single pair (seen: 0.929-1.031 quiet, 0.82 at load 10); the load is printed with each pair.
 
 (c) False alarms (``--false-alarms``: this part alone, its own table and line), every example program that
     the audit covers, one launch each under ``--audit every`` with checkpoints every ``--fa-interval`` steps and no
@@ -37,7 +48,9 @@
 
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
-throughput_ratio=<x> duty_cycle_cost=<median> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
+throughput_ratio=<median of the pairs' ratios> ratio_min=<x> ratio_max=<x> pairs=<n> together=<0|1>
+duty_cycle_cost=<median> duty_cycle_spent=<median> auditor_cpu_share=<median CPU s a second of the auditors in
+the audited trainer's window> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
 caught, a run not succeeded, weights not bit-equal, a false alarm: a ``trainer`` or ``nondeterministic``
 verdict in a throughput run).
 """
@@ -50,6 +63,7 @@ import math
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -166,9 +180,13 @@ def measure_together(runs: list[Measured], steps: int, save_steps: int) -> None:
     series: list[dict[int, list[tuple[float, float]]]] = [{} for _ in runs]
     roles: list[dict[int, str]] = [{} for _ in runs]
     t0 = time.monotonic()
+    stopped: set[int] = set()  # the audited launches told to stop once their trainer finished
     while any(p.poll() is None for p in procs):
         now = time.monotonic() - t0
         for i, p in enumerate(procs):
+            if runs[i].audit != "off" and i not in stopped and p.poll() is None and _finished(runs[i].logdir):
+                p.send_signal(signal.SIGTERM)  # (its trainer's rate is in; the rest of the audit is not measured)
+                stopped.add(i)
             try:
                 tree = [psutil.Process(p.pid)] + psutil.Process(p.pid).children(recursive=True)
             except psutil.Error:
@@ -185,9 +203,9 @@ def measure_together(runs: list[Measured], steps: int, save_steps: int) -> None:
                     roles[i][q.pid] = role_of(q.pid, trainer_pid)
                 series[i].setdefault(q.pid, []).append((now, used.user + used.system))
         time.sleep(SAMPLE_SECS)
-    for m, p, ser, rol in zip(runs, procs, series, roles):
+    for i, (m, p, ser, rol) in enumerate(zip(runs, procs, series, roles)):
         out, err = p.communicate()
-        if p.returncode != 0:
+        if p.returncode != 0 and i not in stopped:
             raise BenchError(f"a launch exited {p.returncode}: {err[-2000:]}")
         with open(os.path.join(m.logdir, "logs", "trainer.1.log")) as fh:
             found = RAN.search(fh.read())
@@ -205,6 +223,15 @@ def measure_together(runs: list[Measured], steps: int, save_steps: int) -> None:
             m.in_window[role] = m.in_window.get(role, 0.0) + _cpu_at(points, m.window[1]) - _cpu_at(points, m.window[0])
             m.total[role] = m.total.get(role, 0.0) + points[-1][1]
         m.audit_status = status(m.logdir).get("audit") or {}
+
+
+def _finished(logdir: str) -> bool:
+    """Whether the first trainer attempt said its rate (``ran N of them in X s``: it trained all its steps)."""
+    try:
+        with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+            return RAN.search(fh.read()) is not None
+    except OSError:
+        return False
 
 
 def _trainer_pid(logdir: str) -> tuple[Optional[int], Optional[tuple[float, int]]]:
