@@ -9,7 +9,9 @@ Why: an auditor at ``SCHED_IDLE`` takes only CPU no other process wants, yet it 
 2-core machine whose trainer used 1.05 cores: a trainer beside a running auditor made 3-9 % fewer steps a
 second (a plain busy loop at ``SCHED_IDLE`` cost it 7-15 %): its threads woke on a core the auditor held,
 which it gives up only at the next wake-up's preemption, with that core's caches the auditor's. How much it
-costs depends on the program and the machine, so it is measured, not assumed.
+costs depends on the program and the machine, so it is measured, not assumed. (Part of it was the kernel's autogroups:
+an auditor's session of its own weighed as much as the trainer's; it lowers that group now,
+:func:`procsv.trainer.standby.priority.idle_group`.)
 
 How: the auditor runs in windows of :data:`RUN_SECS` and is stopped between them (a pause of at least
 :data:`PAUSE_MIN_SECS`). The trainer's steps per second in each run window, divided by its rate in the pauses
@@ -29,10 +31,11 @@ the auditor ran half the time whatever it cost (4-5 s of the first 20 s: 1.3 % o
 at a slowdown of 5 %, 2 % at 10 %; the benchmark's audit-free/audited ratio of 0.976 where each run's ``cost``
 said 0.004), and :data:`MIN_DUTY` costs more than the budget past a slowdown of 20 %. So the cycle also keeps an
 account over the whole launch's training time (:meth:`DutyCycle.allows`): the seconds the trainer trained, the
-seconds an auditor ran in them, and what that cost at the slowdown known now (the median of the samples so far,
-:data:`PRIOR` before any: a mistaken early estimate is paid back once corrected). A run window begins only if, by
-its end, what the audit cost stays within :data:`TARGET` of the time trained plus :data:`CREDIT` (the first
-window's, which has nothing to go by); otherwise the pause goes on. A trainer on a spare core (no slowdown) is not
+seconds an auditor ran in them, and what each of those cost at the slowdown known then (the median of the samples so
+far, :data:`PRIOR` before any: a slowdown that grows later, a trainer crowded by other work, does not make the
+seconds run before it dearer). A run window begins only if, by its end, what the audit cost stays within
+:data:`TARGET` of the time trained plus :data:`CREDIT` (a first window's, which has nothing to go by); otherwise
+the pause goes on. A trainer on a spare core (no slowdown) is not
 held back; one that a running auditor slows pays for the cycle's first windows by longer pauses after them.
 """
 
