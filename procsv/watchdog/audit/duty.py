@@ -87,6 +87,7 @@ class DutyCycle:
     ran: float = 0.0  # the account: the seconds of those an auditor was let run (a live one)
     cost_secs: float = 0.0  # the account: the trainer's seconds those cost it, each at the charge of its time
     last_tick: Optional[float] = None  # when the last tick was (the account adds the time since, as it was)
+    measured: bool = False  # the pause now gave its rate (it goes on past its end while the account says so)
 
     @property
     def slowdown(self) -> Optional[float]:
@@ -152,7 +153,7 @@ class DutyCycle:
         return steps / secs
 
     def _begin(self, running: bool, since: Optional[float]) -> None:
-        self.running, self.since, self.window, self.spoiled = running, since, [[]], False
+        self.running, self.since, self.window, self.spoiled, self.measured = running, since, [[]], False, False
 
     def tick(self, now: float, free: bool, auditor_live: bool) -> bool:
         """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
@@ -170,23 +171,27 @@ class DutyCycle:
             self._begin(True, None)
             self.pause_rate = self.run_rate = None
             return True
-        if self.since is None:
-            self._begin(True, now)
-            return True
+        if self.since is None:  # (a cycle begins: with a run window, if the account pays for it)
+            self._begin(self.allows(run_secs(self)), now)
+            return self.running
         due = run_secs(self) if self.running else pause_secs(self)
-        if now - self.since < due or (not self.running and not self.allows(run_secs(self))):
-            return self.running  # (a pause goes on while the account cannot pay for the next run window)
-        rate = self._rate(now - self.since)
+        if now - self.since < due:
+            return self.running
         if self.running:
-            self.run_rate = rate
-        else:
+            self.run_rate = self._rate(now - self.since)
+            self._begin(False, now)
+            return False
+        if not self.measured:  # the pause's rate: a sample with the run window's before it (once, at its due end)
+            rate = self._rate(now - self.since)
             if rate is not None and self.run_rate is not None:
                 base = rate if self.pause_rate is None else (rate + self.pause_rate) / 2  # the pauses on both sides
                 self.samples = (self.samples + [self.run_rate / base])[-SAMPLES:]
                 self.duty = min(duty_for(self.slowdown), UP * self.duty)  # down at once, up by steps
-            self.pause_rate, self.run_rate = rate, None
-        self._begin(not self.running, now)
-        return self.running
+            self.pause_rate, self.run_rate, self.measured = rate, None, True
+        if not self.allows(run_secs(self)):
+            return False  # (the pause goes on while the account cannot pay for the next run window, at its new charge)
+        self._begin(True, now)
+        return True
 
 
 def run_secs(dc: DutyCycle) -> float:
