@@ -3,15 +3,7 @@ percent of its steps, measured from the trainer's own reports with the auditor r
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Callable, Optional
-
-import pytest
-
-from procsv.trainer.standby import priority
 
 from procsv.watchdog.audit.duty import (BUDGET, CREDIT, MIN_DUTY, SAMPLES_MIN, START_DUTY, TARGET, WINDOW_STEPS, DutyCycle,
                                         duty_for, heard, tick)
@@ -196,32 +188,3 @@ def test_the_duty_for_a_slowdown() -> None:
     assert duty_for(None) == START_DUTY and duty_for(0.0) == 1.0 and duty_for(0.003) == 1.0
     assert duty_for(0.04) == 0.1 and duty_for(10.0) == MIN_DUTY
 
-
-def test_an_auditor_lowers_its_own_sessions_autogroup_and_no_other(tmp_path: Path) -> None:
-    """SCHED_IDLE is idle only within its scheduling group; with autogroups every session is one, and an auditor's
-    own session weighed as much as the trainer's (a lone SCHED_IDLE busy loop took up to half a core from it). Its
-    group goes to nice 19: a real process in a session of its own, as the zygote forks an auditor."""
-    own = tmp_path / "autogroup"
-    own.write_text("")
-    assert priority.idle_group(str(own)) and own.read_text() == "19"
-    assert not priority.idle_group(str(tmp_path / "none" / "autogroup"))  # no autogroups: nothing done, said
-
-    class Busy:  # the kernel's EAGAIN (one autogroup change a tenth of a second), twice, then the file
-        tries = 0
-
-        def __fspath__(self) -> str:
-            Busy.tries += 1
-            if Busy.tries <= 2:
-                raise BlockingIOError(11, "busy")
-            return str(own)
-    own.write_text("")
-    slept: list[float] = []
-    assert priority.idle_group(Busy(), slept.append) and own.read_text() == "19" and len(slept) == 2  # type: ignore[arg-type]
-    if not os.path.exists(priority.AUTOGROUP):
-        pytest.skip("this kernel has no autogroups")
-    mine = Path(priority.AUTOGROUP).read_text()
-    child = subprocess.run([sys.executable, "-c", "import os; from procsv.trainer.standby import priority; "
-                            "print(priority.idle_group(), open(f'/proc/{os.getpid()}/autogroup').read().strip())"],
-                           capture_output=True, text=True, timeout=60, start_new_session=True)
-    assert child.stdout.split()[0] == "True" and child.stdout.strip().endswith("nice 19"), (child.stdout, child.stderr)
-    assert Path(priority.AUTOGROUP).read_text() == mine  # (this process's group, another session's: untouched)

@@ -44,10 +44,8 @@ def main() -> int:
         servers.guard()  # the program's own tf.train.Server on the trainer's port: no standby for this run
     elif config.audit is not None:  # an auditor (issue 71): on CPU the trainer leaves idle, the whole time
         idle = priority.idle_for_good()
-        grouped = priority.idle_group()  # (its own session's group, else SCHED_IDLE weighs as the trainer's group)
         print(f"procsv: auditor of steps {config.audit[0]}-{config.audit[1]} at "
-              f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority"
-              + ("" if grouped else " (its session's autogroup not lowered: no autogroups here, or refused)"), flush=True)
+              f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority", flush=True)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

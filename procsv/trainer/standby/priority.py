@@ -10,23 +10,12 @@ Linux lets a process leave ``SCHED_IDLE`` only if its nice value is within its `
 it holds ``CAP_SYS_NICE`` (root does): without either, a promoted standby would stay idle-priority
 for good. So the standby is lowered only when :func:`reversible` says the promotion can undo it;
 otherwise it prepares at normal priority (``procsv launch`` says which in the standby's log).
-
-``SCHED_IDLE`` is idle only among the processes of its own scheduling group. With the kernel's autogroups on
-(``/proc/sys/kernel/sched_autogroup_enabled``, the default of desktop and many server kernels, outside a cpu
-cgroup of its own), every session is a group, and a forked trainer, standby or auditor takes a session of its own
-(:mod:`procsv.zygote`): the group of a lone ``SCHED_IDLE`` process then weighs as much as the trainer's, and a
-busy one takes up to half a core the trainer wants. An auditor therefore also lowers its session's group to nice
-19 (:func:`idle_group`, ``/proc/self/autogroup``; measured on 2 cores at load 11: a 2-thread CPU-bound process
-beside two ``SCHED_IDLE`` busy loops in sessions of their own took 11.6 s against 7.2 s alone, 7.7 s with their
-groups at 19; median of 5).
 """
 
 from __future__ import annotations
 
 import os
 import resource
-import time
-from typing import Callable
 
 CAP_SYS_NICE = 23
 
@@ -54,27 +43,6 @@ def idle_for_good() -> bool:
     except OSError:
         return False
     return True
-
-
-AUTOGROUP = "/proc/self/autogroup"
-IDLE_GROUP_NICE = 19
-GROUP_TRIES = 20  # the kernel takes one autogroup change a tenth of a second (EAGAIN before; several auditors at once)
-
-
-def idle_group(path: str = AUTOGROUP, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Lower this process's session's autogroup to nice :data:`IDLE_GROUP_NICE` for the rest of its life (an
-    auditor, a session of its own: its ``SCHED_IDLE`` then yields to the trainer's group too); True if done, False
-    where the kernel has no autogroups (or refuses)."""
-    for _ in range(GROUP_TRIES):
-        try:
-            with open(path, "w") as fh:
-                fh.write(str(IDLE_GROUP_NICE))
-            return True
-        except BlockingIOError:  # EAGAIN: another group changed within the last tenth of a second
-            sleep(0.11)
-        except OSError:
-            return False
-    return False
 
 
 def restore() -> None:

@@ -9,9 +9,9 @@ Why: an auditor at ``SCHED_IDLE`` takes only CPU no other process wants, yet it 
 2-core machine whose trainer used 1.05 cores: a trainer beside a running auditor made 3-9 % fewer steps a
 second (a plain busy loop at ``SCHED_IDLE`` cost it 7-15 %): its threads woke on a core the auditor held,
 which it gives up only at the next wake-up's preemption, with that core's caches the auditor's. How much it
-costs depends on the program and the machine, so it is measured, not assumed. (Part of it was the kernel's autogroups:
-an auditor's session of its own weighed as much as the trainer's; it lowers that group now,
-:func:`procsv.trainer.standby.priority.idle_group`.)
+costs depends on the program and the machine, so it is measured, not assumed. (With the kernel's autogroups on,
+part of it is that an auditor's session of its own is a scheduling group that weighs as much as the trainer's:
+``SCHED_IDLE`` is idle only inside its group; see docs/guarantees.md.)
 
 How: the auditor runs in windows of :data:`RUN_SECS` and is stopped between them (a pause of at least
 :data:`PAUSE_MIN_SECS`). The trainer's steps per second in each run window, divided by its rate in the pauses
