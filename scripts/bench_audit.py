@@ -24,8 +24,9 @@
     load hits both alike. It does not measure what an auditor's running costs (both trainers want the cores, so
     an idle-priority auditor gets almost none, and what it takes from one it takes from the other too), but all
     the audit costs besides: its start, fork and restore, the watchdog's work for it, the checkpoints it holds;
-    and the launch started second trails the first by more than the effect (measured: ratios 0.39 and 2.2 at load
-    10-13), so an even number of pairs, the median of their ratios. Goal >= 0.995 for the median of the pairs'
+    and the launch started second trails the first by far more than the effect (measured, 2026-12-02 at load
+    10-13: ratios 0.39 and 2.2 in one run of two pairs, 0.19, 0.90, 0.77, 1.05 in one of four, the audited launch
+    second, first, second, first), so an even number of pairs; not yet a measure of 0.5 %. Goal >= 0.995 for the median of the pairs'
     ratios (printed with its min and max). Beside it, per pair, each launch's CPU seconds by role in its trainer's
     window (psutil every 0.1 s over the launch's processes, named by the log their stdout writes: watchdog,
     checkpoint, summary, zygote, trainer, standby, auditor), the trainer's CPU a step, and each audited run's own
