@@ -171,7 +171,8 @@ def audit_lines(audit: Any) -> list[str]:
     if audit.get("slowdown") is not None and not audit.get("off"):
         lines.append(f"  auditor runs {float(audit.get('duty') or 0):.0%} of the time: a running auditor slows the "
                      f"trainer {float(audit['slowdown']):.1%}, so the audit costs it "
-                     f"{float(audit.get('cost') or 0):.2%} (budget 0.5%)")
+                     f"{float(audit.get('cost') or 0):.2%} (budget 0.5%)"
+                     + (f"; {float(audit['spent']):.2%} of its time so far" if audit.get("spent") is not None else ""))
     return lines + ([f"  audit off: {audit['off']}"] if audit.get("off") else [])
 
 

@@ -13,14 +13,26 @@
     verdict ``mismatch``: the fault found, before the second replay's verdict), and whether the run ended succeeded with its final weights **bit-equal** to a clean
     run's (one launch without the audit).
 (b) Throughput, ``--runs`` pairs of launches of ``--rate-steps`` with no step delay (the trainer CPU-bound;
-    checkpoints every ``--rate-save-steps``, so a dozen intervals are audited while it trains), ``--audit every``
-    and off, alternated: each first trainer attempt's steps per second as it reports them (``ran N of them in X
-    s``, X to 10 ms, its session's start and end included alike); the ratio of the medians (goal >= 0.995: the
-    auditors run at SCHED_IDLE, on spare CPU only). Each audited run's audited fraction is printed: a ratio
-    of runs whose audit did not keep up says so. Between runs the same program's rate varies more than the
-    0.5 % to resolve on a shared machine (seen here: 908-1194 steps/s audit-free); each audited run's duty cycle
-    also measures its own cost, interleaved within the run (``status.json``'s ``audit.cost``: the slowdown a
-    running auditor caused, times the share of the time it ran), and its median is printed too.
+    checkpoints every ``--rate-save-steps``, so a dozen intervals are committed while it trains), ``--audit every``
+    and off. One after the other (the default) in ABBA order (off then on, on then off, ...: a load that drifts
+    weighs on both alike), each trainer's steps per second as it reports them (``ran N of them in X s``, X to
+    10 ms, its session's start and end included alike), the pair's ratio on/off. An audited launch is stopped
+    (SIGTERM) once its trainer said its rate: the auditors' catching up after the trainer's end, on idle CPU
+    only, is not measured and took minutes on a busy machine. ``--together``: each pair's two
+    launches at the same time (which starts first swapped every pair), the ratio of their steps a second over the
+    window both trainers trained in (``status.json``'s step and the time of its record, interpolated): outside
+    load hits both alike. It does not measure what an auditor's running costs (both trainers want the cores, so
+    an idle-priority auditor gets almost none, and what it takes from one it takes from the other too), but all
+    the audit costs besides: its start, fork and restore, the watchdog's work for it, the checkpoints it holds;
+    and the launch started second trails the first by far more than the effect (measured, 2026-12-02 at load
+    10-13: ratios 0.39 and 2.2 in one run of two pairs, 0.19, 0.90, 0.77, 1.05 in one of four, the audited launch
+    second, first, second, first), so an even number of pairs; not yet a measure of 0.5 %. Goal >= 0.995 for the median of the pairs'
+    ratios (printed with its min and max). Beside it, per pair, each launch's CPU seconds by role in its trainer's
+    window (psutil every 0.1 s over the launch's processes, named by the log their stdout writes: watchdog,
+    checkpoint, summary, zygote, trainer, standby, auditor), the trainer's CPU a step, and each audited run's own
+    estimates: the duty cycle's ``cost`` at the end (the slowdown it measured times its duty) and ``spent`` (its
+    account: what the audit cost over the run). The shared 2-core machine's noise is far above 0.5 % for a
+    single pair (seen: 0.929-1.031 quiet, 0.82 at load 10); the load is printed with each pair.
 
 (c) False alarms (``--false-alarms``: this part alone, its own table and line), every example program that
     the audit covers, one launch each under ``--audit every`` with checkpoints every ``--fa-interval`` steps and no
@@ -37,7 +49,9 @@
 
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
-throughput_ratio=<x> duty_cycle_cost=<median> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
+throughput_ratio=<median of the pairs' ratios> ratio_min=<x> ratio_max=<x> pairs=<n> together=<0|1>
+duty_cycle_cost=<median> duty_cycle_spent=<median> auditor_cpu_share=<median CPU s a second of the auditors in
+the audited trainer's window> load=<1-min load average at the end>``, and exits 1 if its own check fails (a fault not
 caught, a run not succeeded, weights not bit-equal, a false alarm: a ``trainer`` or ``nondeterministic``
 verdict in a throughput run).
 """
@@ -50,12 +64,16 @@ import math
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional
+
+import psutil
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0", PYTHONUNBUFFERED="1")
 os.environ.update(TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0")  # this process reads checkpoints
@@ -111,12 +129,211 @@ def status(logdir: str) -> dict[str, Any]:
         return dict(json.load(fh))
 
 
-def rate(logdir: str) -> float:
-    with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
-        found = RAN.search(fh.read())
-    if found is None:
-        raise BenchError(f"no 'ran N of them in X s' line in {logdir}/logs/trainer.1.log")
-    return int(found.group(1)) / float(found.group(2))
+
+
+def rate_cmd(logdir: str, steps: int, save_steps: int, audit: str) -> list[str]:
+    """A throughput run's launch: ``--rate-steps`` of digits with no step delay, checkpoints every ``save_steps``."""
+    return [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--audit", audit,
+            "--", "--steps", str(steps), "--save-model-secs", "1000", "--save-checkpoint-steps", str(save_steps),
+            "--step-delay", "0", "--print-every-steps", str(steps)]
+
+
+@dataclass
+class Measured:
+    """One throughput launch: its trainer's rate and window, and the CPU seconds each role of the launch used in that
+    window (psutil, every :data:`SAMPLE_SECS`: the watchdog, the services, the zygote, the trainer, its hot standby,
+    the auditors), and in all."""
+
+    audit: str
+    logdir: str
+    rate: float = 0.0
+    secs: float = 0.0  # the trainer's X (``ran N of them in X s``)
+    window: tuple[float, float] = (0.0, 0.0)  # the trainer's window, on the driver's clock: (its end - X, its end)
+    in_window: dict[str, float] = field(default_factory=dict)  # role -> CPU seconds in the trainer's window
+    total: dict[str, float] = field(default_factory=dict)  # role -> CPU seconds in all
+    audit_status: dict[str, Any] = field(default_factory=dict)
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (status.json's updated_at, its step), as written
+    common: float = 0.0  # its steps a second in the window its pair's trainers both trained (--together)
+
+
+SAMPLE_SECS = 0.1
+
+
+def role_of(pid: int, trainer_pid: Optional[int]) -> str:
+    """Which of the launch's processes ``pid`` is, by the log its stdout writes (``logs/<role>.<attempt>.log``): a
+    forked process keeps the zygote's command line, not its own; a trainer log that is not the trainer's is its
+    hot standby (the next attempt's)."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/fd/1"))
+    except OSError:
+        name = ""
+    role = name.split(".")[0] if name.endswith(".log") else "watchdog"
+    if role == "trainer" and pid != trainer_pid:
+        return "standby"
+    return role or "other"
+
+
+def measure_together(runs: list[Measured], steps: int, save_steps: int) -> None:
+    """Start every launch of ``runs`` at once, sample their process trees until all have ended, and fill in each one's
+    rate, trainer window and CPU by role. Raises :class:`BenchError` if one exits non-zero or has no rate line."""
+    procs = [subprocess.Popen(rate_cmd(m.logdir, steps, save_steps, m.audit), env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for m in runs]
+    series: list[dict[int, list[tuple[float, float]]]] = [{} for _ in runs]
+    roles: list[dict[int, str]] = [{} for _ in runs]
+    t0 = time.monotonic()
+    stopped: set[int] = set()  # the audited launches told to stop once their trainer finished
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic() - t0
+        for i, p in enumerate(procs):
+            if runs[i].audit != "off" and i not in stopped and p.poll() is None and _finished(runs[i].logdir):
+                p.send_signal(signal.SIGTERM)  # (its trainer's rate is in; the rest of the audit is not measured)
+                stopped.add(i)
+            try:
+                tree = [psutil.Process(p.pid)] + psutil.Process(p.pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            trainer_pid, seen = _trainer_pid(runs[i].logdir)
+            if seen is not None and (not runs[i].steps or seen[0] > runs[i].steps[-1][0]):
+                runs[i].steps.append(seen)
+            for q in tree:
+                try:
+                    used = q.cpu_times()
+                except psutil.Error:
+                    continue
+                if roles[i].get(q.pid) in (None, "standby", "watchdog"):  # (a standby is promoted, logs open late)
+                    roles[i][q.pid] = role_of(q.pid, trainer_pid)
+                series[i].setdefault(q.pid, []).append((now, used.user + used.system))
+        time.sleep(SAMPLE_SECS)
+    for i, (m, p, ser, rol) in enumerate(zip(runs, procs, series, roles)):
+        out, err = p.communicate()
+        if p.returncode != 0 and i not in stopped:
+            raise BenchError(f"a launch exited {p.returncode}: {err[-2000:]}")
+        with open(os.path.join(m.logdir, "logs", "trainer.1.log")) as fh:
+            found = RAN.search(fh.read())
+        if found is None:
+            raise BenchError(f"no 'ran N of them in X s' line in {m.logdir}/logs/trainer.1.log")
+        m.secs = float(found.group(2))
+        m.rate = int(found.group(1)) / m.secs
+        trainer = next((pid for pid, r in rol.items() if r == "trainer"), None)
+        if trainer is None:
+            raise BenchError(f"the trainer of {m.logdir} was never seen")
+        end = ser[trainer][-1][0]
+        m.window = (end - m.secs, end)
+        for pid, points in ser.items():
+            role = rol.get(pid, "other")
+            m.in_window[role] = m.in_window.get(role, 0.0) + _cpu_at(points, m.window[1]) - _cpu_at(points, m.window[0])
+            m.total[role] = m.total.get(role, 0.0) + points[-1][1]
+        m.audit_status = status(m.logdir).get("audit") or {}
+
+
+def _finished(logdir: str) -> bool:
+    """Whether the first trainer attempt said its rate (``ran N of them in X s``: it trained all its steps)."""
+    try:
+        with open(os.path.join(logdir, "logs", "trainer.1.log")) as fh:
+            return RAN.search(fh.read()) is not None
+    except OSError:
+        return False
+
+
+def _trainer_pid(logdir: str) -> tuple[Optional[int], Optional[tuple[float, int]]]:
+    """The trainer's pid and (when the record was made, the step), as ``status.json`` says them now."""
+    try:
+        st = status(logdir)
+    except (OSError, ValueError):
+        return None, None
+    pid = next((int(c["pid"]) for c in st.get("processes", []) if c.get("role") == "trainer"), None)
+    return pid, (float(st["updated_at"]), int(st.get("step") or 0)) if st.get("updated_at") else None
+
+
+def step_then(points: list[tuple[float, int]], t: float) -> float:
+    """The step at wall time ``t``, interpolated between the two records around it (pure)."""
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return s0 + (s1 - s0) * (t - t0) / max(t1 - t0, 1e-9)
+    raise BenchError(f"no step record around {t}")
+
+
+def common_rates(runs: list[Measured], steps: int) -> float:
+    """Each run's steps a second over the window all their trainers trained in (from the first record past their
+    start's step to the last before their final one, less a second at either end); its length."""
+    spans = []
+    for m in runs:
+        moving = [(t, s) for t, s in m.steps if 0 < s < steps]
+        if len(moving) < 2:
+            raise BenchError(f"{m.logdir}: too few step records to find when its trainer trained")
+        spans.append((moving[0][0], moving[-1][0]))
+    a, b = max(x for x, _ in spans) + 1.0, min(y for _, y in spans) - 1.0
+    if b - a < 3.0:
+        raise BenchError(f"the trainers trained at the same time for {b - a + 2:.1f} s only")
+    for m in runs:
+        m.common = (step_then(m.steps, b) - step_then(m.steps, a)) / (b - a)
+    return b - a
+
+
+def _cpu_at(points: list[tuple[float, float]], t: float) -> float:
+    """A process's CPU seconds at driver time ``t`` (its last reading by then; 0 before its first)."""
+    used = 0.0
+    for when, cpu in points:
+        if when > t:
+            break
+        used = cpu
+    return used
+
+
+def throughput(args: argparse.Namespace, root: str, wrong: list[str]) -> dict[str, Any]:
+    """Part (b): ``--runs`` pairs of throughput launches, audited and audit-free, each pair run at once
+    (``--together``, which launch starts first swapped every pair) or one after the other in ABBA order (off then on,
+    then on then off, ...); returns the figures the final line reports."""
+    pairs: list[tuple[Measured, Measured]] = []
+    ratios: list[float] = []
+    for i in range(args.runs):
+        on = Measured("every", os.path.join(root, f"rate-every{i}"))
+        off = Measured("off", os.path.join(root, f"rate-off{i}"))
+        order = [off, on] if i % 2 == 0 else [on, off]
+        if args.together:
+            measure_together(order, args.rate_steps, args.rate_save_steps)
+            both = common_rates([on, off], args.rate_steps)
+            ratios.append(on.common / off.common)
+        else:
+            for m in order:
+                measure_together([m], args.rate_steps, args.rate_save_steps)
+            ratios.append(on.rate / off.rate)
+        evs = events(on.logdir)
+        alarms = [e for e in evs if e["event"] == "audit" and e["verdict"] in ("trainer", "nondeterministic")]
+        if alarms:
+            wrong.append(f"false alarm in a clean run: {alarms[0]}")
+        matched = {(e["start"], e["end"]) for e in evs if e["event"] == "audit" and e["verdict"] == "match"}
+        own = on.audit_status
+        pairs.append((on, off))
+        print(f"pair {i} ({'at once' if args.together else 'one after the other'}, {order[0].audit} first): "
+              f"every {on.rate:.1f} / off {off.rate:.1f} steps/s" + (
+                  f" over each run, every {on.common:.1f} / off {off.common:.1f} over the {both:.1f} s both trained"
+                  if args.together else "") + f": ratio {ratios[-1]:.4f}; audited "
+              f"{sum(b - a for a, b in matched)} of {args.rate_steps} steps; duty {own.get('duty')}, slowdown "
+              f"{own.get('slowdown')}, cost {own.get('cost')}, spent {own.get('spent')}; load "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
+        for m in (on, off):
+            shown = ", ".join(f"{r} {m.in_window[r]:.2f}" for r in sorted(m.in_window) if m.in_window[r] >= 0.005)
+            print(f"    {m.audit:>5}: CPU s in the trainer's {m.secs:.1f} s: {shown}", flush=True)
+    beside = [sum(v for r, v in m.in_window.items() if r not in ("trainer", "auditor")) / m.secs
+              for pair in pairs for m in pair]
+    return {
+        "off": statistics.median(off.rate for _, off in pairs), "on": statistics.median(on.rate for on, _ in pairs),
+        "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "trainer_cpu_per_step_off": statistics.median(off.in_window.get("trainer", 0.0) / args.rate_steps
+                                                      for _, off in pairs),
+        "trainer_cpu_per_step_on": statistics.median(on.in_window.get("trainer", 0.0) / args.rate_steps
+                                                     for on, _ in pairs),
+        "auditor_cpu": statistics.median(on.in_window.get("auditor", 0.0) / on.secs for on, _ in pairs),
+        "beside_off": statistics.median(beside[1::2]), "beside_on": statistics.median(beside[0::2]),
+        "cost": _median_of(on.audit_status.get("cost") for on, _ in pairs),
+        "spent": _median_of(on.audit_status.get("spent") for on, _ in pairs),
+    }
+
+
+def _median_of(values: Any) -> float:
+    got = [float(v) for v in values if v is not None]
+    return statistics.median(got) if got else -1.0
 
 
 SEEDS = ("basic", "loop", "manual_summaries", "monitored_session", "monitored_training", "retry", "run_step_fn")
@@ -211,6 +428,8 @@ def main() -> int:
     ap.add_argument("--rate-steps", type=int, default=24000, help="the throughput runs' steps")
     ap.add_argument("--rate-save-steps", type=int, default=2000, help="the throughput runs' checkpoint interval")
     ap.add_argument("--skip-faults", action="store_true", help="the throughput runs only")
+    ap.add_argument("--together", action="store_true",
+                    help="part (b): run each pair's audited and audit-free launches at the same time")
     ap.add_argument("--seed", type=int, default=71)
     ap.add_argument("--false-alarms", action="store_true", help="part (c) alone: every example program, no fault")
     ap.add_argument("--fa-audited", type=int, default=10000, help="part (c): the steps to audit of each program")
@@ -259,30 +478,14 @@ def main() -> int:
                   f"{str(same):>6}")
         if not exact:
             wrong.append("a fault run's final weights differ from the clean run's")
-        off_rates, on_rates, costs = [], [], []
-        for i in range(args.runs):
-            for audit, into in (("off", off_rates), ("every", on_rates)):
-                logdir = os.path.join(root, f"rate-{audit}{i}")
-                launch(logdir, args.rate_steps, args.rate_save_steps, audit, 0.0)
-                into.append(rate(logdir))
-                evs = events(logdir)
-                alarms = [e for e in evs if e["event"] == "audit" and e["verdict"] in ("trainer", "nondeterministic")]
-                if alarms:
-                    wrong.append(f"false alarm in a clean run: {alarms[0]}")
-                if audit == "every":
-                    matched = sorted((e["start"], e["end"]) for e in evs if e["event"] == "audit"
-                                     and e["verdict"] == "match")
-                    own = status(logdir).get("audit") or {}
-                    if own.get("cost") is not None:
-                        costs.append(float(own["cost"]))
-                    print(f"throughput run {i}: {into[-1]:.1f} steps/s, {len(matched)} interval(s) audited "
-                          f"({sum(b - a for a, b in set(matched))} of {args.rate_steps} steps); the duty cycle's own "
-                          f"measure: duty {own.get('duty')}, slowdown {own.get('slowdown')}, cost {own.get('cost')}")
-                else:
-                    print(f"throughput run {i}, audit off: {into[-1]:.1f} steps/s")
-    off, on = statistics.median(off_rates), statistics.median(on_rates)
-    print(f"throughput (steps/s, {args.runs} each): off {off:.1f} {sorted(round(r, 1) for r in off_rates)}, "
-          f"every {on:.1f} {sorted(round(r, 1) for r in on_rates)}: ratio {on / off:.3f}")
+        got = throughput(args, root, wrong) if args.runs else {}
+    if got:
+        print(f"throughput (steps/s, {args.runs} pair(s), {'at once' if args.together else 'ABBA'}): off "
+              f"{got['off']:.1f}, every {got['on']:.1f}; per-pair ratio median {got['ratio']:.4f} (min "
+              f"{got['ratio_min']:.4f}, max {got['ratio_max']:.4f}); the duty cycle's own: cost {got['cost']:.4f} at "
+              f"the end, spent {got['spent']:.4f} over the run; trainer CPU ms a step off {got['trainer_cpu_per_step_off'] * 1e3:.3f}, "
+              f"every {got['trainer_cpu_per_step_on'] * 1e3:.3f}; the other normal-priority processes' CPU s a second "
+              f"off {got['beside_off']:.3f}, every {got['beside_on']:.3f}; the auditors' {got['auditor_cpu']:.3f}")
     for w in wrong:
         print(f"bench_audit: {w}", file=sys.stderr)
     load = os.getloadavg()[0]
@@ -291,8 +494,11 @@ def main() -> int:
           f"fault_to_mismatch_steps={statistics.median(found) if found else -1:.0f} "
           f"fault_to_verdict_steps={statistics.median(lags) if lags else -1:.0f} "
           f"fault_to_verdict_intervals={max(intervals) if intervals else -1} exact={int(exact)} "
-          f"steps_per_s_off={off:.1f} steps_per_s_audit={on:.1f} throughput_ratio={on / off:.3f} "
-          f"duty_cycle_cost={statistics.median(costs) if costs else -1:.4f} load={load:.1f}")
+          f"steps_per_s_off={got.get('off', -1):.1f} steps_per_s_audit={got.get('on', -1):.1f} "
+          f"throughput_ratio={got.get('ratio', -1):.4f} ratio_min={got.get('ratio_min', -1):.4f} "
+          f"ratio_max={got.get('ratio_max', -1):.4f} pairs={args.runs} together={int(args.together)} "
+          f"duty_cycle_cost={got.get('cost', -1):.4f} duty_cycle_spent={got.get('spent', -1):.4f} "
+          f"auditor_cpu_share={got.get('auditor_cpu', -1):.3f} load={load:.1f}")
     return 1 if wrong else 0
 
 

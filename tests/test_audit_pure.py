@@ -294,6 +294,7 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
     paced = dict(audit, duty=0.08, slowdown=0.05, cost=0.004)
     assert audit_lines(paced)[1] == ("  auditor runs 8% of the time: a running auditor slows the trainer 5.0%, so the "
                                      "audit costs it 0.40% (budget 0.5%)")
+    assert audit_lines(dict(paced, spent=0.0031))[1] == audit_lines(paced)[1] + "; 0.31% of its time so far"
     sim = Sim()
     sim.view.findings.audit, sim.view.findings.miscomputed = audit, {"h1": 1}
     registry = CollectorRegistry(auto_describe=False)
@@ -698,6 +699,12 @@ def test_an_auditor_let_run_with_no_cpu_used_is_hung_its_stopped_time_not_counte
     assert fresh.heard(100.0, 2, 2.0, True) is None and fresh.still == 0.0
 
 
+def half_the_time(audits: Auditors) -> None:
+    """The duty cycle as a trainer that a running auditor slows 0.8 % leaves it: run half the time (its account allows
+    that for good; with no sample it would charge duty.PRIOR, and let it run a twenty-fifth of the time)."""
+    audits.duty.samples, audits.duty.duty = [0.992] * 3, 0.5
+
+
 def test_the_watchdog_kills_a_hung_auditor_and_has_its_interval_replayed_by_a_fresh_one() -> None:
     """An auditor that never answers and never dies (a deadlock: it uses no CPU) held the audit for the rest of the
     launch, a finished trainer's end the whole END_WAIT_SECS (helper-102's finding). It is SIGKILLed once it has run
@@ -709,6 +716,7 @@ def test_the_watchdog_kills_a_hung_auditor_and_has_its_interval_replayed_by_a_fr
     audits.round()
     assert ex.forked == [(1, "100:200")]
     ex.cpu[1] = 3.0
+    half_the_time(audits)
     for _ in range(8 * int(stillness.HUNG_SECS)):  # the trainer trains: the duty cycle stops it half the time
         sim.now += 0.5
         audits.round()
@@ -967,6 +975,7 @@ def test_a_group_replay_with_one_member_stopped_is_hung_though_the_others_wait_u
         audits.heard(SaveResult(step, SaveReason.PERIODIC, True, f"/l/model.ckpt-{step}", None, 0.1, attempt=1))
     audits.round()
     assert audits.running == 1
+    half_the_time(audits)
     for _ in range(8 * int(stillness.HUNG_SECS)):  # the trainer trains: the duty cycle stops them half the time
         sim.now += 0.5
         ex.cpu[1] = ex.cpu.get(1, 2.0) + 0.01  # the chief waits in a collective: its threads use CPU

@@ -391,8 +391,8 @@ class Auditors:
             "auditor_deaths": book.deaths.total,
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
-            "duty": round(self.duty.duty, 3), "slowdown": None if self.duty.slowdown is None else round(
-                self.duty.slowdown, 4), "cost": None if self.duty.cost is None else round(self.duty.cost, 4)}
+            "duty": round(self.duty.duty, 3), **{k: None if v is None else round(v, 4) for k, v in (
+                ("slowdown", self.duty.slowdown), ("cost", self.duty.cost), ("spent", self.duty.spent))}}
 
 
 def replayers(world: int, hosts: int, ps: bool, elastic: bool = False) -> tuple[int, Optional[str]]:

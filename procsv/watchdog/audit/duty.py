@@ -9,7 +9,9 @@ Why: an auditor at ``SCHED_IDLE`` takes only CPU no other process wants, yet it 
 2-core machine whose trainer used 1.05 cores: a trainer beside a running auditor made 3-9 % fewer steps a
 second (a plain busy loop at ``SCHED_IDLE`` cost it 7-15 %): its threads woke on a core the auditor held,
 which it gives up only at the next wake-up's preemption, with that core's caches the auditor's. How much it
-costs depends on the program and the machine, so it is measured, not assumed.
+costs depends on the program and the machine, so it is measured, not assumed. (With the kernel's autogroups on,
+part of it is that an auditor's session of its own is a scheduling group that weighs as much as the trainer's:
+``SCHED_IDLE`` is idle only inside its group; see docs/guarantees.md.)
 
 How: the auditor runs in windows of :data:`RUN_SECS` and is stopped between them (a pause of at least
 :data:`PAUSE_MIN_SECS`). The trainer's steps per second in each run window, divided by its rate in the pauses
@@ -23,6 +25,18 @@ then keeps the duty low rather than swinging it to 1 and back (the budget is kep
 window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
 restarted, or the auditor was not running throughout, is no sample. While the trainer is not training (restarting, finished and waiting for its last
 verdicts) or the run is finishing, the auditor runs free.
+
+The duty alone bounds the cost of the cycle from its estimate on, not the run's: before :data:`SAMPLES_MIN` samples
+the auditor ran half the time whatever it cost (4-5 s of the first 20 s: 1.3 % of a 20-s CPU-bound trainer's steps
+at a slowdown of 5 %, 2 % at 10 %; the benchmark's audit-free/audited ratio of 0.976 where each run's ``cost``
+said 0.004), and :data:`MIN_DUTY` costs more than the budget past a slowdown of 20 %. So the cycle also keeps an
+account over the whole launch's training time (:meth:`DutyCycle.allows`): the seconds the trainer trained, the
+seconds an auditor ran in them, and what each of those cost at the slowdown known then (the median of the samples so
+far, :data:`PRIOR` before any: a slowdown that grows later, a trainer crowded by other work, does not make the
+seconds run before it dearer). A run window begins only if, by its end, what the audit cost stays within
+:data:`TARGET` of the time trained plus :data:`CREDIT` (a first window's, which has nothing to go by); otherwise
+the pause goes on. A trainer on a spare core (no slowdown) is not
+held back; one that a running auditor slows pays for the cycle's first windows by longer pauses after them.
 """
 
 from __future__ import annotations
@@ -44,6 +58,10 @@ SAMPLES = 7  # the samples the slowdown is the median of
 UP = 2.0  # the duty rises at most this many times a sample (it falls to what the estimate says at once): a noisy
 # estimate swings between "costs nothing" and "costs 8 %" (helper-100: the duty flipped 0.049 <-> 1.0 a sample)
 SAMPLES_MIN = 3  # the duty stays START_DUTY until this many
+PRIOR = 0.1  # the slowdown the account assumes before any sample (measured: 3-9 % for an auditor, 7-15 % a busy loop)
+CREDIT = RUN_SECS * PRIOR  # the trainer's seconds the account lends up front: a first run window at PRIOR (a
+# trainer on a spare core is audited from its first interval on); by the estimate, runs of 100 s and more cost at most
+# BUDGET (TARGET, plus CREDIT spread over them), shorter ones CREDIT more
 SETTLE_SECS = 0.15  # the trainer's reports this soon after a switch belong to neither window
 MIN_SPAN = 0.5  # a window's reports must span this share of it to give a rate
 
@@ -65,6 +83,11 @@ class DutyCycle:
     samples: list[float] = field(default_factory=list)
     step_secs: float = 0.0  # the trainer's seconds a step, as its reports show them (between its last two steps)
     last_step: Optional[tuple[float, int]] = None  # the trainer's newest (time, step) whose step was new
+    trained: float = 0.0  # the account: the seconds the trainer trained (ticks not free), this launch
+    ran: float = 0.0  # the account: the seconds of those an auditor was let run (a live one)
+    cost_secs: float = 0.0  # the account: the trainer's seconds those cost it, each at the charge of its time
+    last_tick: Optional[float] = None  # when the last tick was (the account adds the time since, as it was)
+    measured: bool = False  # the pause now gave its rate (it goes on past its end while the account says so)
 
     @property
     def slowdown(self) -> Optional[float]:
@@ -79,6 +102,26 @@ class DutyCycle:
         """The share of the trainer's throughput the audit costs at this duty (estimated)."""
         x = self.slowdown
         return None if x is None else max(0.0, x) * self.duty
+
+    @property
+    def charge(self) -> float:
+        """The slowdown the account charges a second of the auditor's running: the median of the samples so far
+        (:data:`PRIOR` before any), none below 0."""
+        return max(0.0, 1.0 - statistics.median(self.samples[-SAMPLES:])) if self.samples else PRIOR
+
+    @property
+    def spent(self) -> Optional[float]:
+        """The share of the trainer's time the audit has cost it so far this launch (estimated: each second an auditor
+        ran while it trained at the :attr:`charge` of that second), or None before any training or sample."""
+        if self.trained <= 0.0 or not self.samples:
+            return None
+        return self.cost_secs / self.trained
+
+    def allows(self, secs: float) -> bool:
+        """Whether a run window of ``secs`` keeps the account within the budget by its end: what the audit will have
+        cost the trainer (that window at today's :attr:`charge`) at most :data:`TARGET` of the time trained then, plus
+        :data:`CREDIT`."""
+        return self.cost_secs + secs * self.charge <= TARGET * (self.trained + secs) + CREDIT
 
     def heard(self, now: float, wall: float, step: int, working: bool) -> None:
         """The trainer reported ``step`` at its ``wall`` time (heard at ``now``); ``working``: between steps (a
@@ -110,7 +153,7 @@ class DutyCycle:
         return steps / secs
 
     def _begin(self, running: bool, since: Optional[float]) -> None:
-        self.running, self.since, self.window, self.spoiled = running, since, [[]], False
+        self.running, self.since, self.window, self.spoiled, self.measured = running, since, [[]], False, False
 
     def tick(self, now: float, free: bool, auditor_live: bool) -> bool:
         """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
@@ -118,27 +161,37 @@ class DutyCycle:
         ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
         if self.running and not auditor_live:
             self.spoiled = True
+        if self.last_tick is not None and self.since is not None and not free and now > self.last_tick:
+            self.trained += now - self.last_tick  # the account: the time since the last tick, as the cycle had it
+            if self.running and auditor_live:
+                self.ran += now - self.last_tick
+                self.cost_secs += (now - self.last_tick) * self.charge
+        self.last_tick = now
         if free:
             self._begin(True, None)
             self.pause_rate = self.run_rate = None
             return True
-        if self.since is None:
-            self._begin(True, now)
-            return True
+        if self.since is None:  # (a cycle begins: with a run window, if the account pays for it)
+            self._begin(self.allows(run_secs(self)), now)
+            return self.running
         due = run_secs(self) if self.running else pause_secs(self)
         if now - self.since < due:
             return self.running
-        rate = self._rate(now - self.since)
         if self.running:
-            self.run_rate = rate
-        else:
+            self.run_rate = self._rate(now - self.since)
+            self._begin(False, now)
+            return False
+        if not self.measured:  # the pause's rate: a sample with the run window's before it (once, at its due end)
+            rate = self._rate(now - self.since)
             if rate is not None and self.run_rate is not None:
                 base = rate if self.pause_rate is None else (rate + self.pause_rate) / 2  # the pauses on both sides
                 self.samples = (self.samples + [self.run_rate / base])[-SAMPLES:]
                 self.duty = min(duty_for(self.slowdown), UP * self.duty)  # down at once, up by steps
-            self.pause_rate, self.run_rate = rate, None
-        self._begin(not self.running, now)
-        return self.running
+            self.pause_rate, self.run_rate, self.measured = rate, None, True
+        if not self.allows(run_secs(self)):
+            return False  # (the pause goes on while the account cannot pay for the next run window, at its new charge)
+        self._begin(True, now)
+        return True
 
 
 def run_secs(dc: DutyCycle) -> float:
