@@ -47,6 +47,14 @@
     audited_steps_total=<n> short=<n> load=<1-min load>``; exits 1 on any false alarm, a launch that failed, or a
     program short of ``--fa-audited``.
 
+(d) Stops (``--stops``: this part alone, its own table and line), ``--runs`` runs: the bit flipped after a random
+    step, the launch SIGTERMed as soon as the first checkpoint after it commits (its verdict cut off: a preemption),
+    then launched again to its end; beside it the same with what the stopped launch's audit left
+    (``.procsv/audit.json``) deleted before the relaunch: the behaviour before the audit was carried across launches.
+    One line ``stop_runs=<n> stops_before_verdict=<n> caught_carried=<n> exact_carried=<n> caught_before=<n>
+    exact_before=<n> load=<1-min load>``; exits 1 if a fault cut off was not caught by the next launch, or its result
+    is not bit-equal to a clean run.
+
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
 throughput_ratio=<median of the pairs' ratios> ratio_min=<x> ratio_max=<x> pairs=<n> together=<0|1>
@@ -59,6 +67,7 @@ verdict in a throughput run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -419,6 +428,69 @@ def false_alarms(args: argparse.Namespace) -> int:
     return 1 if wrong else 0
 
 
+def stopped_run(logdir: str, args: argparse.Namespace, fault: int, carry: bool) -> dict[str, Any]:
+    """Part (d), one side of one run: a launch with the bit flipped after ``fault``, SIGTERMed as soon as the first
+    checkpoint after it commits, then the same launch again (no fault) to its end; ``carry`` False deletes what the
+    first launch's audit left (``.procsv/audit.json``) before the second: the behaviour before it was kept."""
+    cmd = [sys.executable, "-m", "procsv", "launch", "procsv.examples.digits", "--logdir", logdir, "--audit", "every",
+           "--", "--steps", str(args.steps), "--save-model-secs", "1000", "--save-checkpoint-steps",
+           str(args.save_steps), "--step-delay", str(args.step_delay), "--print-every-steps", str(args.steps)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=dict(ENV, PROCSV_FAULT=f"trainer:bitflip:{fault}"))
+    after = (fault // args.save_steps + 1) * args.save_steps
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None:
+        if os.path.exists(os.path.join(logdir, "logs", "lifecycle.jsonl")) and any(
+                e["event"] == "checkpoint_committed" and e["step"] >= after for e in events(logdir)):
+            break
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=600)
+    before = len(events(logdir))
+    cut = not any(e["event"] == "audit" and e["verdict"] == "trainer" for e in events(logdir))
+    if not carry:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(logdir, ".procsv", "audit.json"))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    if done.returncode != 0:
+        raise BenchError(f"a relaunch exited {done.returncode}: {done.stderr[-2000:]}")
+    evs = events(logdir)[before:]
+    hit = next((e for e in evs if e["event"] == "audit" and e["verdict"] == "trainer"
+                and e["start"] <= fault <= e["end"]), None)
+    return {"cut": cut, "caught": hit is not None, "weights": final_weights(logdir)}
+
+
+def stops(args: argparse.Namespace) -> int:
+    """Part (d): faults whose verdict a stop cut off, caught by the next launch (the carried audit) or not (the
+    baseline: what the stopped launch left deleted), side by side on the same fault step, and bit-equal or not."""
+    rng = random.Random(args.seed)
+    wrong: list[str] = []
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="procsv-bench-audit-stops-") as root:
+        launch(os.path.join(root, "clean"), args.steps, args.save_steps, "off", 0.0)
+        reference = final_weights(os.path.join(root, "clean"))
+        print(f"{'run':>4} {'fault':>6} {'cut off':>8} {'caught (carried)':>17} {'exact':>6} {'caught (before)':>16} "
+              f"{'exact':>6}")
+        for i in range(args.runs):
+            fault = rng.randint(args.save_steps + 1, args.steps - 2 * args.save_steps)
+            new = stopped_run(os.path.join(root, f"carry{i}"), args, fault, carry=True)
+            old = stopped_run(os.path.join(root, f"before{i}"), args, fault, carry=False)
+            rows.append((new, old))
+            print(f"{i:>4} {fault:>6} {str(new['cut'] and old['cut']):>8} {str(new['caught']):>17} "
+                  f"{str(new['weights'] == reference):>6} {str(old['caught']):>16} {str(old['weights'] == reference):>6}")
+            if new["cut"] and not (new["caught"] and new["weights"] == reference):
+                wrong.append(f"run {i}: the fault after step {fault}, its verdict cut off by a stop, was not caught by "
+                             "the next launch or its result is not bit-equal to a clean run")
+    cut = [(n, o) for n, o in rows if n["cut"] and o["cut"]]
+    for w in wrong:
+        print(f"bench_audit: {w}", file=sys.stderr)
+    load = os.getloadavg()[0]
+    print(f"stop_runs={len(rows)} stops_before_verdict={len(cut)} caught_carried={sum(n['caught'] for n, _ in cut)} "
+          f"exact_carried={sum(n['weights'] == reference for n, _ in cut)} caught_before={sum(o['caught'] for _, o in cut)} "
+          f"exact_before={sum(o['weights'] == reference for _, o in cut)} load={load:.1f}")
+    return 1 if wrong else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -435,9 +507,13 @@ def main() -> int:
     ap.add_argument("--fa-audited", type=int, default=10000, help="part (c): the steps to audit of each program")
     ap.add_argument("--fa-interval", type=int, default=1000, help="part (c): the checkpoint interval, in steps")
     ap.add_argument("--programs", default="", help="part (c): these programs only (comma-separated names)")
+    ap.add_argument("--stops", action="store_true",
+                    help="part (d) alone: a fault whose verdict a stop cuts off, the next launch's catch beside before")
     args = ap.parse_args()
     if args.false_alarms:
         return false_alarms(args)
+    if args.stops:
+        return stops(args)
     rng = random.Random(args.seed)
     began = time.monotonic()
     wrong: list[str] = []
