@@ -87,7 +87,9 @@ from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import host_ip
 from procsv.watchdog.multihost.probes import ProbePort
+from procsv.watchdog.multihost.zygoteagain import ZygoteLosses
 from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.common.clock.watched import WatchedClock
 
@@ -164,6 +166,7 @@ class NodeAgent(Prewarmed):
         self.pulse = pulse or LoopPulse(self.clock)  # what --metrics-port's probes answer from (it latches a step)
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
         self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
+        self.zygote_losses = ZygoteLosses()  # its pre-warmed trainer's, and when a new one is due (node 0's rule 13)
 
     def say(self, text: str) -> None:
         print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
@@ -189,9 +192,7 @@ class NodeAgent(Prewarmed):
                 holder = start_holder(self.layout, self.cfg.node_rank)  # node 1: node 0's group copies, replicated
                 if self.cfg.prewarm:
                     grown, seed = seed, None  # (the zygote's now: grown, or discarded if unsuitable)
-                    self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
-                                         self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
-                                         self.cfg.cwd, self.cfg.preload, self.clock, grown)
+                    self._start_zygote(1, grown)
                 dealer = self._loop(zctx, pull, stops, holder)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
             if seed is not None:  # an agent that ended before its zygote
@@ -303,6 +304,10 @@ class NodeAgent(Prewarmed):
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
+            elif self.zygote is not None and self.zygote.ready:
+                self.zygote_losses.ready(now)
+            elif self.zygote is None and self.cfg.prewarm and not self.forks and self.zygote_losses.due(now, Limits()):
+                self._start_zygote(self.zygote_losses.started())
             if self.sweeper.due():
                 self._sweep()
             silent = now - self.heard_at
@@ -388,6 +393,27 @@ class NodeAgent(Prewarmed):
         curve.connect_as_agent(sock, self.keys, job)
         sock.connect(f"tcp://{self.cfg.master_addr}")
         return sock
+
+    def _start_zygote(self, attempt: int, seed: Optional[ZygoteSeed] = None) -> None:
+        """Start this host's pre-warmed trainer (its ``attempt``-th: at the start, from the launch's ``seed`` if any,
+        and again after a loss, :class:`~.zygoteagain.ZygoteLosses`)."""
+        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime),
+                             self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", attempt),
+                             self.cfg.cwd, self.cfg.preload, self.clock, seed)
+        if attempt > 1:
+            self.say(f"a new pre-warmed trainer (pid {self.zygote.pid}, its log zygote-node{self.cfg.node_rank}."
+                     f"{attempt}.log): this host's members are forked again once it is ready")
+
+    def drop_zygote(self, why: str) -> Optional[Zygote]:
+        """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), saying ``why`` and when a new one comes
+        (before, neither: the agent said nothing, and its members started fresh for the rest of the run)."""
+        lost = super().drop_zygote(why)
+        if lost is not None:
+            again = self.zygote_losses.lost(self.clock(), Limits())
+            self.say(f"{why.removeprefix('procsv: ')}: this host's members start fresh until a new one is ready; "
+                     + (f"a new one in {again:g} s" if again is not None else
+                        f"none again ({self.zygote_losses.losses} lost in a row)"))
+        return lost
 
     def _from_master(self, dealer: "zmq.Socket[Any]") -> None:
         for got in drain(dealer, accept=MASTER_ACCEPT, limit=100):
