@@ -789,3 +789,35 @@ def test_a_node_agents_lost_pre_warmed_trainer_is_started_again_after_node_0s_ba
         z.started()
     assert z.lost(9000.0, limits) is None  # the 5th in a row: none again
     assert not z.due(1e9, limits)
+
+
+def test_an_agents_lines_are_written_by_a_thread_so_a_stalled_stderr_never_holds_its_beats(short_tmp, monkeypatch) -> None:
+    """The agent's stderr may be a file on a stalled filesystem (a Slurm output file on NFS). Before, each line was
+    printed by its loop, which beats to node 0: measured (scripts/bench_host_loss.py, 30 min of an agent SIGSTOPped
+    10 s every 30 s beside the logdir's filesystem frozen 10 s every 30 s, the agent's stderr on it), its "this agent
+    was stopped" line met a freeze 9 times in 60 stops, the loop blocked in the write up to 10 s more, and node 0 found
+    the host lost by --node-timeout 15 (0 of 599 short stops, 0 of 60 freezes alone). Now a thread writes them: the
+    loop only queues a line, and every line is written once the stream takes it."""
+    import io
+    import sys
+    import threading
+
+    gate = threading.Event()
+
+    class Stalled(io.StringIO):
+        def write(self, s: str) -> int:
+            gate.wait(30)
+            return super().write(s)
+
+    stalled = Stalled()
+    monkeypatch.setattr(sys, "stderr", stalled)
+    agent, _ = _agent_recording_starts(short_tmp, lambda pending: pending.slot)
+    try:
+        began = time.monotonic()
+        for _ in range(3):
+            agent.say("this agent was stopped for 10.0 s (SIGSTOP, then SIGCONT: a suspended job?)")
+        assert time.monotonic() - began < 0.5
+    finally:
+        gate.set()
+        agent.terminal.close()
+    assert stalled.getvalue().count("procsv node 1: this agent was stopped for 10.0 s") == 3, stalled.getvalue()

@@ -75,6 +75,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.housekeeping import Sweeper
 from procsv.watchdog.publish.events import Report
+from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.rules.standby import slot as standby_slot
@@ -167,9 +168,13 @@ class NodeAgent(Prewarmed):
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
         self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
         self.zygote_losses = ZygoteLosses()  # its pre-warmed trainer's, and when a new one is due (node 0's rule 13)
+        # what it says, written by a thread: never by the loop, which beats (its stderr may be a file on a stalled
+        # filesystem: a Slurm output file on NFS; before, a line said there blocked the beats, and node 0 found the
+        # host lost by --node-timeout: an agent SIGSTOPped 10 s whose "was stopped" line met a 10 s freeze)
+        self.terminal = Terminal(err=sys.stderr)
 
     def say(self, text: str) -> None:
-        print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
+        self.terminal.line(f"procsv node {self.cfg.node_rank}: {text}", err=True)
 
     # ------------------------------------------------------------------ the loop
     def run(self, seed: Optional[ZygoteSeed] = None) -> int:
@@ -198,7 +203,7 @@ class NodeAgent(Prewarmed):
             if seed is not None:  # an agent that ended before its zygote
                 seed.discard()
             for line in end_all(list(self.members.values()), self.zygotes(), Unreaped(), self.clock):
-                print(line, file=sys.stderr, flush=True)
+                self.terminal.line(line, err=True)
             self._sweep(final=True)
             if holder is not None:
                 holder.stop()
@@ -212,6 +217,7 @@ class NodeAgent(Prewarmed):
             self.stacks.close()
             curve.unfile_agent_key(self.key_file)
             release_runtime_dir(runtime.path)
+            self.terminal.close()  # (what it said written, 2 s at most)
         return self.stop_code if self.stop_code is not None else 1
 
     def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], holder: Optional[Holder]
