@@ -156,14 +156,14 @@ class NodeAgent(Prewarmed):
         # SignalMember reached it alive (its MemberEnded says so)
         self.asked: dict[str, bool] = {}
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
-        self.heard_at = self.clock()  # the master's last word (the start counts as one)
-        self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         # (and node 0 as this agent sees it: rules.hosts.master_lost, its beats' gaps and the probes of its address)
+        # (its last word, heard_at, the start counting as one; and node_timeout: the master silent this long, its
+        # members are stopped: this agent's own --node-timeout until node 0 tells its)
         self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes,
-                               cfg.master_addr or "", self.clock)
+                               cfg.master_addr or "", self.clock, cfg.node_timeout)
         self.pulse = pulse or LoopPulse(self.clock)  # what --metrics-port's probes answer from (it latches a step)
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
         self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
@@ -224,7 +224,7 @@ class NodeAgent(Prewarmed):
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
         self.clock.watch()  # (a suspension of the job is no silence of node 0's)
-        self.heard_at = self.clock()
+        self.seen.heard_at = self.clock()
         port = ProbePort(self.host)  # node 0's probes: this host's kernel answers them, this loop turning or not
         try:
             return self._turn(zctx, pull, stops, port, "" if faults.fires("agent", "no_probe_port") else port.address,
@@ -254,13 +254,13 @@ class NodeAgent(Prewarmed):
             for stop in self.clock.new_stops():
                 self.say(f"this agent was stopped for {stop.secs:.1f} s (SIGSTOP, then SIGCONT: a suspended job?); its "
                          "timers leave that time out")
-            timeout = self.node_timeout
-            self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.heard_at <= timeout, self.say)
+            timeout = self.seen.node_timeout
+            self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.seen.heard_at <= timeout, self.say)
             if self.stop_code is not None:  # (None until now: the loop's condition)
                 break
             # found lost: a relaunched master is looked for every second (only_new: its socket is kept for the same
             # launch, which ZeroMQ reconnects by itself; a new one each second could outrun a master slow to beat)
-            anew = dealer is None or (now - self.heard_at > 2 * timeout and now - connected_at > timeout)
+            anew = dealer is None or (now - self.seen.heard_at > 2 * timeout and now - connected_at > timeout)
             if self._rejoin is None and (anew or (self.seen.is_lost and now - connected_at > REJOIN_LOOK_SECS)):
                 self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
                 connected_at, only_new = now, not anew
@@ -301,7 +301,7 @@ class NodeAgent(Prewarmed):
                     # within a turn of its handshake, not a beat later)
                     if send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                               self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
-                                              probe, round(max(0.0, self.clock() - self.heard_at), 3))):
+                                              probe, round(max(0.0, self.clock() - self.seen.heard_at), 3))):
                         beat_at = now
                         for news in started_again([(m.slot, m.attempt, m.pid) for m in self.members.values()
                                                    if m.proc.poll() is None], link, told):
@@ -316,7 +316,7 @@ class NodeAgent(Prewarmed):
                 self._start_zygote(self.zygote_losses.started())
             if self.sweeper.due():
                 self._sweep()
-            silent = now - self.heard_at
+            silent = now - self.seen.heard_at
             why = self.seen.lost(now, timeout) if dealer is not None else None  # (once per loss: a beat clears it)
             live = any(m.killed_at is None for m in self.members.values())
             if why is not None and (not live or silent <= timeout):  # (the fast way; past the bound, said as before)
@@ -327,7 +327,7 @@ class NodeAgent(Prewarmed):
             if live and (why is not None or silent > timeout or self.seen.is_lost):
                 for m in self.members.values():
                     m.kill(now)  # (reaped by _reap, reported once reaped)
-            if self.seen.gone(now, self.heard_at, timeout):
+            if self.seen.gone(now, self.seen.heard_at, timeout):
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
                          "giving up")
                 self.stop_code = 1
@@ -427,12 +427,12 @@ class NodeAgent(Prewarmed):
                 continue
             msg = got.msg
             if isinstance(msg, (MasterBeat, NodeRefused)):
-                self.node_timeout = msg.node_timeout  # node 0's: the job has one
+                self.seen.node_timeout = msg.node_timeout  # node 0's: the job has one
             if isinstance(msg, MasterBeat):
                 self.seen.beat(self.clock())
             else:  # (node 0 is there: a StartMembers before its first beat on a new connection ends its loss too)
                 self.seen.heard(self.clock())
-            self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
+            self.seen.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
                 continue
@@ -482,7 +482,7 @@ class NodeAgent(Prewarmed):
         """The master refuses this agent's claim of its node rank: ask again (the holder may be a dead
         agent the master has not found lost yet); after twice node 0's ``--node-timeout``, exit 2."""
         now = self.clock()
-        patience = CLAIM_PATIENCE * self.node_timeout
+        patience = CLAIM_PATIENCE * self.seen.node_timeout
         if self.refused_at is None:
             self.refused_at = now
             self.say(f"the master refuses this agent as node {msg.node}: {msg.reason}; asking again for "
