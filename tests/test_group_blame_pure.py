@@ -23,9 +23,9 @@ from test_group_decide import W1, GroupSim, group
 from test_watchdog_decide import KILLED, of
 
 
-def _reaps(sim: GroupSim, slot: str, code: int, error: str = "") -> list[Report]:
+def _reaps(sim: GroupSim, slot: str, code: int, error: str = "", message: str = "Socket closed") -> list[Report]:
     c = sim.member(slot)
-    err = ChildError(error, "Socket closed", "Traceback ...", "run") if error else None
+    err = ChildError(error, message, "Traceback ...", "run") if error else None
     failure = Failure(c.slot, c.attempt, c.pid, code, 0.0, "log", err)
     return observe.reaped(sim.view, slot, c.attempt, failure, sim.now) + breaker_found(sim.view)  # (as the loop asks)
 
@@ -200,3 +200,32 @@ def test_a_member_that_died_of_the_runs_stop_after_the_group_gave_up_is_not_name
     assert [(a.slot, a.cause) for a in of(acts, Signal) if a.slot == W1] == [(W1, Cause.SHUTDOWN)], acts
     assert _breakers(_reaps(sim, W1, -signal.SIGTERM)) == []
     assert sim.view.last_error == judged and blame(sim.view, sim.trainer).slot == TRAINER
+
+
+def test_a_members_line_holds_one_line_of_tensorflows_message_the_cause_not_where_the_op_was_defined():
+    """A peer's collective failure as TensorFlow words it: "Graph execution error:", then a dozen lines of where the op
+    was defined, then what failed, then the node. Before, the member's line, ``last_error`` and the ``breaker``
+    record held all of it (measured: a group over two hosts whose worker1 was SIGKILLed, the chief's end judged
+    first: 17 lines on node 0's stderr). Now one line: the head and what failed; a message of one line is unchanged."""
+    tf_message = ("Graph execution error:\n\nDetected at node adam/CollectiveReduceV2 defined at (most recent call last):\n"
+                  '  File "/x/digits.py", line 228, in <module>\n\n  File "/x/digits.py", line 128, in train_step\n\n'
+                  "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+                  "remote target /job:worker/replica:0/task:1\n\t [[{{node adam/CollectiveReduceV2}}]] [Op:__inference_"
+                  "train_step_576]")
+    chief = Failure(TRAINER, 1, 42, 1, 0.0, "log", ChildError("UnavailableError", tf_message, "Traceback ...", "run"))
+    assert chief.headline() == ("trainer attempt 1 (pid 42) exited with code 1: UnavailableError: Graph execution error: "
+                                "Collective ops is aborted by: recvmsg:Connection reset by peer ...")
+    other = Failure(TRAINER, 1, 42, 1, 0.0, "log", ChildError("ValueError", "bad shape\n  more of it", "", "run"))
+    assert other.headline() == "trainer attempt 1 (pid 42) exited with code 1: ValueError: bad shape ..."
+    plain = Failure(TRAINER, 1, 42, 1, 0.0, "log", ChildError("ValueError", "bad shape (3, 4)", "", "run"))
+    assert plain.headline() == "trainer attempt 1 (pid 42) exited with code 1: ValueError: bad shape (3, 4)"
+    sim = group(2)
+    sim.tick(1.0)
+    _reaps(sim, TRAINER, 1, "UnavailableError", tf_message)
+    assert of(sim.tick(0.01), Restart)
+    judged = sim.view.last_error
+    assert judged == chief.headline().replace("pid 42", f"pid {sim.trainer.pid}")
+    reports = _reaps(sim, W1, KILLED)
+    said = [r.say for r in reports if r.say and "it broke the trainer group's attempt 1" in r.say]
+    assert len(said) == 1 and "\n" not in said[0] and "Connection reset by peer ..., was its consequence" in said[0], said
+    assert [b["judged"] for b in _breakers(reports)] == [judged]

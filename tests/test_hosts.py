@@ -603,7 +603,8 @@ def test_status_writes_stalled_on_node_0_lose_no_host_node_1s_zygote_killed_is_r
     Then node 1's pre-warmed trainer is SIGKILLed while its members train and no start is asked of
     it: the agent gives it up and reaps it within a sweep, as node 0's watchdog does its own. Before:
     the dead zygote stayed the agent's zygote, spared by every sweep, a zombie under the agent until
-    the group's next start (a run that never restarts: until the job's end).
+    the group's next start (a run that never restarts: until the job's end). The agent says so, and when it
+    starts a new one (node 0's rule 13; before, never: the host's members started fresh for the rest of the run).
 
     Then a SIGTERM to one host's `procsv launch` (an agent connected to node 0) is left to node 0,
     which stops the whole job in order: the chief commits its last step (the run's only
@@ -644,6 +645,9 @@ def test_status_writes_stalled_on_node_0_lose_no_host_node_1s_zygote_killed_is_r
         acode, aout, aerr = finish(node1, timeout=60)
     assert code == 143, err
     assert "procsv node 1: SIGTERM received: node 0 stops the job in order" in aerr
+    # its zygote's loss said, with the new one it starts (node 0's rule 13: 10 s after; before, none, ever)
+    assert "procsv node 1: the pre-warmed trainer died: this host's members start fresh until a new one is ready; " \
+           "a new one in 10 s" in aerr, aerr
     assert acode == 143 and "the job ended (exit code 143)" in aerr, aerr
     # nothing said the master silent during the stall (the SIGTERM's own line names that case)
     assert "silent" not in aerr[:aerr.index("SIGTERM received")], aerr

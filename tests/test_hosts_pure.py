@@ -760,3 +760,64 @@ def test_a_member_whose_host_was_lost_before_it_started_it_is_said_never_started
     started = Failure("worker1", 3, 4242, -signal.SIGKILL, 0.0, "/l/logs/worker1.3.log", lost)
     assert started.headline() == ("worker1 attempt 3 (pid 4242) was killed by SIGKILL: HostLost: node 1 (h1) went "
                                   "silent for 0.5 s")
+
+
+def test_a_node_agents_lost_pre_warmed_trainer_is_started_again_after_node_0s_backoff_and_retries() -> None:
+    """An agent's zygote given up on (a fork it answered past the 10 s bound, or killed): before, the agent never
+    started another, and every member of that host was started fresh for the rest of the run (measured, a group over
+    two hosts: node 1's member of the next restart 5.9 s from its spawn to the first step, against 1.2-1.8 s forked in the same session).
+    Now node 0's rule 13 with its limits: again 10 s after a loss, doubled per loss in a row, none after 5 in a row,
+    and one that stayed ready 600 s starts the count again."""
+    from procsv.watchdog.multihost.zygoteagain import ZygoteLosses
+    from procsv.watchdog.rules.limits import Limits
+
+    limits = Limits()
+    z = ZygoteLosses()
+    assert not z.due(0.0, limits)  # the first one lives
+    z.ready(5.0)
+    assert z.lost(100.0, limits) == 10.0
+    assert not z.due(109.9, limits) and z.due(110.0, limits)
+    assert z.started() == 2 and not z.due(110.0, limits)
+    assert z.lost(120.0, limits) == 20.0  # (never ready: a loss in a row)
+    assert not z.due(139.9, limits) and z.due(140.0, limits)
+    assert z.started() == 3
+    z.ready(150.0)
+    assert z.lost(150.0 + 600.0, limits) == 10.0  # stayed ready 600 s: the count starts again
+    assert z.due(760.0, limits) and z.started() == 4
+    for n in range(2, 5):
+        assert z.lost(1000.0 * n, limits) == 10.0 * 2 ** (n - 1)
+        z.started()
+    assert z.lost(9000.0, limits) is None  # the 5th in a row: none again
+    assert not z.due(1e9, limits)
+
+
+def test_an_agents_lines_are_written_by_a_thread_so_a_stalled_stderr_never_holds_its_beats(short_tmp, monkeypatch) -> None:
+    """The agent's stderr may be a file on a stalled filesystem (a Slurm output file on NFS). Before, each line was
+    printed by its loop, which beats to node 0: measured (scripts/bench_host_loss.py, 30 min of an agent SIGSTOPped
+    10 s every 30 s beside the logdir's filesystem frozen 10 s every 30 s, the agent's stderr on it), its "this agent
+    was stopped" line met a freeze 9 times in 60 stops, the loop blocked in the write up to 10 s more, and node 0 found
+    the host lost by --node-timeout 15 (0 of 599 short stops, 0 of 60 freezes alone). Now a thread writes them: the
+    loop only queues a line, and every line is written once the stream takes it."""
+    import io
+    import sys
+    import threading
+
+    gate = threading.Event()
+
+    class Stalled(io.StringIO):
+        def write(self, s: str) -> int:
+            gate.wait(30)
+            return super().write(s)
+
+    stalled = Stalled()
+    monkeypatch.setattr(sys, "stderr", stalled)
+    agent, _ = _agent_recording_starts(short_tmp, lambda pending: pending.slot)
+    try:
+        began = time.monotonic()
+        for _ in range(3):
+            agent.say("this agent was stopped for 10.0 s (SIGSTOP, then SIGCONT: a suspended job?)")
+        assert time.monotonic() - began < 0.5
+    finally:
+        gate.set()
+        agent.terminal.close()
+    assert stalled.getvalue().count("procsv node 1: this agent was stopped for 10.0 s") == 3, stalled.getvalue()

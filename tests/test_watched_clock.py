@@ -248,13 +248,13 @@ def test_an_agent_suspended_with_its_job_finds_node_0_not_lost_and_one_that_watc
             for i in range(21):  # node 0's beats, read by the agent's loop as they come
                 raw[0] = i * 0.5
                 agent.seen.beat(agent.clock())
-                agent.heard_at = agent.clock()
+                agent.seen.heard_at = agent.clock()
             raw[0] = 30.0
             if suspended:
                 os.kill(os.getpid(), signal.SIGCONT)  # (its handler runs in this, the main, thread at once)
             raw[0] = 30.1
             now = agent.clock()
-            verdicts.append((round(now - agent.heard_at, 3), agent.seen.lost(now, agent.node_timeout)))
+            verdicts.append((round(now - agent.seen.heard_at, 3), agent.seen.lost(now, agent.seen.node_timeout)))
         finally:
             agent.clock.unwatch()
             agent.seen.close()

@@ -64,6 +64,12 @@ def test_the_sweep_of_an_unanswered_fork_is_not_the_replacements_death(logdir, t
         assert raw_status(logdir)["restarts"] == 1, lifecycle(logdir)  # the one asked for: the first trainer's kill
         assert not [e for e in _events(logdir, "death_noticed") if e["attempt"] == 2], lifecycle(logdir)
         os.kill(fresh, 0)  # the fresh attempt 2 lives on
+        # the late one never ran: the zygote was killed before it named it (before, it ran attempt 2 beside the fresh
+        # one until the sweep: over hosts, a late worker joined the group's collectives first, and its kill broke it)
+        with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+            late = fh.read()
+        assert "pre-warmed trainer ended before it named this process" in late and \
+            "exiting without running" in late, late
     finally:
         for pid in stopped:
             _cont(pid)

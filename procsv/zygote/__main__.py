@@ -7,8 +7,9 @@ op deadlocks the child. When its parent sends a :class:`ForkRequest` on its pipe
 twice over: an intermediate child forks the trainer, says its pid and exits at once, so the trainer
 is re-parented to the zygote's parent (a child subreaper), which reaps it itself; the
 :class:`ForkReply` names it once the zygote has reaped the intermediate. The trainer sets itself up,
-waits for that re-parenting and the reply (the zygote then closes its end of the socket pair it
-shares with the trainer: so the reply comes before any message of the trainer's), arms its parent-death signal on the zygote's parent
+waits for that re-parenting and the reply (the zygote then says so on the socket pair it shares with the
+trainer and closes its end: so the reply comes before any message of the trainer's; a zygote killed before
+it replied, given up on, says nothing, and the trainer exits without running), arms its parent-death signal on the zygote's parent
 (checking after that it still is its parent), takes a new session, its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
 ~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
@@ -43,6 +44,7 @@ from procsv.ipc.pipe import FramedReader, write_framed
 from procsv.common import bootstrap, env, faults, spawn, stopfrom
 
 ADOPTION_WAIT = 30.0  # seconds a trainer waits for the intermediate child's exit to re-parent it
+ANSWERED = b"!"  # the zygote's word to a trainer it forked, once its reply naming it is written: run
 
 
 def main() -> int:
@@ -114,8 +116,9 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int, p
     """Fork the trainer through an intermediate child that exits at once (see the module docstring):
     reap it, read the trainer's pid it said, reply, then close this end of the socket pair the trainer
     waits on: the trainer named is the parent's child by then (its re-parenting is done before the
-    intermediate's exit status can be read), and it runs at that end's EOF, so the reply is on the
-    parent's pipe before anything it sends. The pid is read only once the intermediate is reaped, never
+    intermediate's exit status can be read), and it runs once it reads this process's ``ANSWERED`` there, written
+    after the reply, so the reply is on the parent's pipe before anything it sends (an EOF without it: this process
+    was killed first, given up on, and the trainer exits without running). The pid is read only once the intermediate is reaped, never
     up to an EOF: the trainer holds the other end too, so an intermediate killed between the trainer's
     fork and its pid left the zygote blocked, unanswering, until the trainer's adoption wait ended."""
     ours, theirs = (s.detach() for s in socket.socketpair())
@@ -144,6 +147,10 @@ def _fork(req: ForkRequest, rep_fd: int, inherited: tuple[int, ...], say: int, p
     text = said.decode(errors="replace").strip()
     if text.isdigit():
         write_framed(rep_fd, ForkReply(req.attempt, int(text), None, req.rank))
+        try:
+            os.write(ours, ANSWERED)  # (its reply is written: it may run)
+        except OSError:  # (it died already: its end is closed; its parent reaps it)
+            pass
     else:
         write_framed(rep_fd, ForkReply(req.attempt, 0, text or "fork failed", req.rank))
     os.close(ours)  # last: the trainer runs at this end's EOF, its reply written (every message it sends comes after)
@@ -180,12 +187,20 @@ def _ran_the_program() -> bool:
 
 
 def _adopted_by(parent: int, theirs: int) -> bool:
-    """Wait (at most ``ADOPTION_WAIT``) for the EOF of ``theirs``: the zygote closes the other end once
-    it has reaped the intermediate (which re-parents this process) and replied; True if this process is
-    ``parent``'s child then (False: ``parent`` is gone, no subreaper, or the zygote died first)."""
-    select.select([theirs], [], [], ADOPTION_WAIT)  # (nothing is written to it: readable is its end)
+    """Wait (at most ``ADOPTION_WAIT``) for the zygote's word on ``theirs``: it writes ``ANSWERED`` and closes the
+    other end once it has reaped the intermediate (which re-parents this process) and replied; True if it did and this
+    process is ``parent``'s child then. False: ``parent`` is gone, no subreaper, or the zygote ended without a reply
+    naming this process (killed: given up on by its parent, which started this attempt fresh; the end alone, an EOF,
+    is no answer). Before, the end was taken as the answer: a trainer forked by a zygote given up on past the reply's
+    bound ran beside its fresh replacement until a sweep killed it (measured, a group over two hosts: node 1's late
+    worker1 joined the chief's collectives first, its kill broke the group, one restart more)."""
+    ready, _, _ = select.select([theirs], [], [], ADOPTION_WAIT)
+    try:
+        answered = bool(ready) and os.read(theirs, len(ANSWERED)) == ANSWERED
+    except OSError:
+        answered = False
     os.close(theirs)
-    return os.getppid() == parent
+    return answered and os.getppid() == parent
 
 
 def _leaves_stops_to_supervisor(child_env: dict[str, str], parent_pid: Optional[int]) -> bool:
@@ -219,7 +234,10 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
     if np is not None:
         np.random.seed()  # as in a fresh process: numpy's global generator is not shared across forks
     if not _adopted_by(int(raw), theirs):  # (waited for last: the set-up above overlaps the zygote's reply)
-        return 70  # its parent died first: nothing may run unsupervised
+        print(f"procsv: pid {os.getpid()}: forked for {req.env.get(env.ROLE, 'a trainer')} attempt {req.attempt}, but the "
+              "pre-warmed trainer ended before it named this process (given up on: the attempt is started fresh) "
+              "or its parent is gone: exiting without running", file=sys.stderr, flush=True)
+        return 70  # nothing may run unsupervised, nor beside the fresh start of its attempt
     if req.argv[1:] == ["procsv.ps_server"]:  # a --ps parameter server (procsv.watchdog.pstasks), TF imported
         from procsv.ps_server import main as ps_main
 

@@ -75,6 +75,7 @@ from procsv.watchdog.config import LaunchConfig
 from procsv.watchdog.diskjobs import DiskJobs, Job
 from procsv.watchdog.housekeeping import Sweeper
 from procsv.watchdog.publish.events import Report
+from procsv.watchdog.publish.output import Terminal
 from procsv.watchdog.publish.probes import LoopPulse
 from procsv.watchdog.rules.group import worker_slot
 from procsv.watchdog.rules.standby import slot as standby_slot
@@ -87,7 +88,9 @@ from procsv.watchdog.multihost.holder import Holder, start_holder
 from procsv.watchdog.multihost.masterseen import MasterSeen
 from procsv.watchdog.multihost.nodes import host_ip
 from procsv.watchdog.multihost.probes import ProbePort
+from procsv.watchdog.multihost.zygoteagain import ZygoteLosses
 from procsv.watchdog.rules.hosts import AGENT_BEAT_SECS
+from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.common.clock.watched import WatchedClock
 
@@ -153,20 +156,25 @@ class NodeAgent(Prewarmed):
         # SignalMember reached it alive (its MemberEnded says so)
         self.asked: dict[str, bool] = {}
         self.refused_at: Optional[float] = None  # the master refuses this agent's claim of its node since
-        self.heard_at = self.clock()  # the master's last word (the start counts as one)
-        self.node_timeout = cfg.node_timeout  # the master silent this long: its members are stopped (node 0's, once heard)
         self.addresses = [f"{self.host}:{p}" for p in free_ports(self.cfg.nproc, self.host)]  # its members' next
         self.disk = DiskJobs("procsv-agent-logdir")  # its work on the shared logdir, off the loop
         self._rejoin: Optional[Job[_Rejoin]] = None  # a reconnect's reads and writes in the logdir, in flight
         # (and node 0 as this agent sees it: rules.hosts.master_lost, its beats' gaps and the probes of its address)
+        # (its last word, heard_at, the start counting as one; and node_timeout: the master silent this long, its
+        # members are stopped: this agent's own --node-timeout until node 0 tells its)
         self.seen = MasterSeen(self.layout, self.disk, cfg.rejoin_timeout, 0 < cfg.min_nodes < cfg.nnodes,
-                               cfg.master_addr or "", self.clock)
+                               cfg.master_addr or "", self.clock, cfg.node_timeout)
         self.pulse = pulse or LoopPulse(self.clock)  # what --metrics-port's probes answer from (it latches a step)
         self.stop = agentstop.StopRequest(cfg.stop_grace_secs + 2 * cfg.node_timeout)  # a stop signal, left to node 0
         self.stacks: Readings[int, list[ProcessStacks]] = Readings("procsv-agent-stacks")  # for the master's asks
+        self.zygote_losses = ZygoteLosses()  # its pre-warmed trainer's, and when a new one is due (node 0's rule 13)
+        # what it says, written by a thread: never by the loop, which beats (its stderr may be a file on a stalled
+        # filesystem: a Slurm output file on NFS; before, a line said there blocked the beats, and node 0 found the
+        # host lost by --node-timeout: an agent SIGSTOPped 10 s whose "was stopped" line met a 10 s freeze)
+        self.terminal = Terminal(err=sys.stderr)
 
     def say(self, text: str) -> None:
-        print(f"procsv node {self.cfg.node_rank}: {text}", file=sys.stderr, flush=True)
+        self.terminal.line(f"procsv node {self.cfg.node_rank}: {text}", err=True)
 
     # ------------------------------------------------------------------ the loop
     def run(self, seed: Optional[ZygoteSeed] = None) -> int:
@@ -189,15 +197,13 @@ class NodeAgent(Prewarmed):
                 holder = start_holder(self.layout, self.cfg.node_rank)  # node 1: node 0's group copies, replicated
                 if self.cfg.prewarm:
                     grown, seed = seed, None  # (the zygote's now: grown, or discarded if unsuitable)
-                    self.zygote = Zygote(zygote_env(self.layout.logdir, runtime.path),
-                                         self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", 1),
-                                         self.cfg.cwd, self.cfg.preload, self.clock, grown)
+                    self._start_zygote(1, grown)
                 dealer = self._loop(zctx, pull, stops, holder)
         finally:  # SIGKILL and reap what is left, bounded: the watchdog's own end_all
             if seed is not None:  # an agent that ended before its zygote
                 seed.discard()
             for line in end_all(list(self.members.values()), self.zygotes(), Unreaped(), self.clock):
-                print(line, file=sys.stderr, flush=True)
+                self.terminal.line(line, err=True)
             self._sweep(final=True)
             if holder is not None:
                 holder.stop()
@@ -211,13 +217,14 @@ class NodeAgent(Prewarmed):
             self.stacks.close()
             curve.unfile_agent_key(self.key_file)
             release_runtime_dir(runtime.path)
+            self.terminal.close()  # (what it said written, 2 s at most)
         return self.stop_code if self.stop_code is not None else 1
 
     def _loop(self, zctx: "zmq.Context[Any]", pull: "zmq.Socket[Any]", stops: list[int], holder: Optional[Holder]
               ) -> "Optional[zmq.Socket[Any]]":
         """Until the job ends, a stop signal, or the master stays away: returns the socket to close."""
         self.clock.watch()  # (a suspension of the job is no silence of node 0's)
-        self.heard_at = self.clock()
+        self.seen.heard_at = self.clock()
         port = ProbePort(self.host)  # node 0's probes: this host's kernel answers them, this loop turning or not
         try:
             return self._turn(zctx, pull, stops, port, "" if faults.fires("agent", "no_probe_port") else port.address,
@@ -247,13 +254,13 @@ class NodeAgent(Prewarmed):
             for stop in self.clock.new_stops():
                 self.say(f"this agent was stopped for {stop.secs:.1f} s (SIGSTOP, then SIGCONT: a suspended job?); its "
                          "timers leave that time out")
-            timeout = self.node_timeout
-            self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.heard_at <= timeout, self.say)
+            timeout = self.seen.node_timeout
+            self.stop_code = self.stop.take(stops, now, dealer is not None and now - self.seen.heard_at <= timeout, self.say)
             if self.stop_code is not None:  # (None until now: the loop's condition)
                 break
             # found lost: a relaunched master is looked for every second (only_new: its socket is kept for the same
             # launch, which ZeroMQ reconnects by itself; a new one each second could outrun a master slow to beat)
-            anew = dealer is None or (now - self.heard_at > 2 * timeout and now - connected_at > timeout)
+            anew = dealer is None or (now - self.seen.heard_at > 2 * timeout and now - connected_at > timeout)
             if self._rejoin is None and (anew or (self.seen.is_lost and now - connected_at > REJOIN_LOOK_SECS)):
                 self._rejoin = self.disk.submit(self._read_job)  # (again: a relaunched master has new keys)
                 connected_at, only_new = now, not anew
@@ -294,7 +301,7 @@ class NodeAgent(Prewarmed):
                     # within a turn of its handshake, not a beat later)
                     if send(dealer, NodeHello(self.cfg.node_rank, self.cfg.nproc, self.host, os.getpid(),
                                               self.addresses, sorted(self.members), self.stop.signum or 0, warm, link,
-                                              probe, round(max(0.0, self.clock() - self.heard_at), 3))):
+                                              probe, round(max(0.0, self.clock() - self.seen.heard_at), 3))):
                         beat_at = now
                         for news in started_again([(m.slot, m.attempt, m.pid) for m in self.members.values()
                                                    if m.proc.poll() is None], link, told):
@@ -303,9 +310,13 @@ class NodeAgent(Prewarmed):
             if self.zygote is not None and not self.forks and not self.zygote.alive():
                 # found dead (its answers to pending starts read first, by _forked): given up, reaped by a sweep
                 self.drop_zygote("the pre-warmed trainer died")
+            elif self.zygote is not None and self.zygote.ready:
+                self.zygote_losses.ready(now)
+            elif self.zygote is None and self.cfg.prewarm and not self.forks and self.zygote_losses.due(now, Limits()):
+                self._start_zygote(self.zygote_losses.started())
             if self.sweeper.due():
                 self._sweep()
-            silent = now - self.heard_at
+            silent = now - self.seen.heard_at
             why = self.seen.lost(now, timeout) if dealer is not None else None  # (once per loss: a beat clears it)
             live = any(m.killed_at is None for m in self.members.values())
             if why is not None and (not live or silent <= timeout):  # (the fast way; past the bound, said as before)
@@ -316,7 +327,7 @@ class NodeAgent(Prewarmed):
             if live and (why is not None or silent > timeout or self.seen.is_lost):
                 for m in self.members.values():
                     m.kill(now)  # (reaped by _reap, reported once reaped)
-            if self.seen.gone(now, self.heard_at, timeout):
+            if self.seen.gone(now, self.seen.heard_at, timeout):
                 self.say(f"the master did not come back within --rejoin-timeout {self.cfg.rejoin_timeout:g} s; "
                          "giving up")
                 self.stop_code = 1
@@ -389,18 +400,39 @@ class NodeAgent(Prewarmed):
         sock.connect(f"tcp://{self.cfg.master_addr}")
         return sock
 
+    def _start_zygote(self, attempt: int, seed: Optional[ZygoteSeed] = None) -> None:
+        """Start this host's pre-warmed trainer (its ``attempt``-th: at the start, from the launch's ``seed`` if any,
+        and again after a loss, :class:`~.zygoteagain.ZygoteLosses`)."""
+        self.zygote = Zygote(zygote_env(self.layout.logdir, self.runtime),
+                             self.layout.attempt_log(f"zygote-node{self.cfg.node_rank}", attempt),
+                             self.cfg.cwd, self.cfg.preload, self.clock, seed)
+        if attempt > 1:
+            self.say(f"a new pre-warmed trainer (pid {self.zygote.pid}, its log zygote-node{self.cfg.node_rank}."
+                     f"{attempt}.log): this host's members are forked again once it is ready")
+
+    def drop_zygote(self, why: str) -> Optional[Zygote]:
+        """Give up on the pre-warmed trainer (:meth:`Prewarmed.drop_zygote`), saying ``why`` and when a new one comes
+        (before, neither: the agent said nothing, and its members started fresh for the rest of the run)."""
+        lost = super().drop_zygote(why)
+        if lost is not None:
+            again = self.zygote_losses.lost(self.clock(), Limits())
+            self.say(f"{why.removeprefix('procsv: ')}: this host's members start fresh until a new one is ready; "
+                     + (f"a new one in {again:g} s" if again is not None else
+                        f"none again ({self.zygote_losses.losses} lost in a row)"))
+        return lost
+
     def _from_master(self, dealer: "zmq.Socket[Any]") -> None:
         for got in drain(dealer, accept=MASTER_ACCEPT, limit=100):
             if isinstance(got, ProtocolError):
                 continue
             msg = got.msg
             if isinstance(msg, (MasterBeat, NodeRefused)):
-                self.node_timeout = msg.node_timeout  # node 0's: the job has one
+                self.seen.node_timeout = msg.node_timeout  # node 0's: the job has one
             if isinstance(msg, MasterBeat):
                 self.seen.beat(self.clock())
             else:  # (node 0 is there: a StartMembers before its first beat on a new connection ends its loss too)
                 self.seen.heard(self.clock())
-            self.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
+            self.seen.heard_at = self.clock()  # (a refusal too: the master is there; _refused bounds the asking)
             if isinstance(msg, NodeRefused):
                 self._refused(msg)
                 continue
@@ -450,7 +482,7 @@ class NodeAgent(Prewarmed):
         """The master refuses this agent's claim of its node rank: ask again (the holder may be a dead
         agent the master has not found lost yet); after twice node 0's ``--node-timeout``, exit 2."""
         now = self.clock()
-        patience = CLAIM_PATIENCE * self.node_timeout
+        patience = CLAIM_PATIENCE * self.seen.node_timeout
         if self.refused_at is None:
             self.refused_at = now
             self.say(f"the master refuses this agent as node {msg.node}: {msg.reason}; asking again for "

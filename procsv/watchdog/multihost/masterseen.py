@@ -110,8 +110,10 @@ class MasterSeen:
     """Whether the master is gone for this agent (:meth:`gone`)."""
 
     def __init__(self, layout: Layout, disk: DiskJobs, rejoin_timeout: float, elastic: bool, address: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, node_timeout: float = 15.0) -> None:
         self.layout, self.disk, self.rejoin_timeout = layout, disk, rejoin_timeout
+        self.heard_at = clock()  # the master's last word to this agent (the agent's start counts as one)
+        self.node_timeout = node_timeout  # the master silent this long is lost (node 0's --node-timeout, once it says)
         self.address = address  # node 0's (--master-addr): probed as node 0 probes an agent's probe port
         self.view = NodeView(0, probe=address)  # node 0 as this agent sees it (rules.hosts.master_lost)
         self.prober = Prober(clock)

@@ -24,6 +24,8 @@ from procsv.common.exitcodes import EXIT_PREEMPTED
 OUTSIDE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 _FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (.+)$')  # a frame of a Python traceback
 _NUMBER = re.compile(r"\d+(\.\d+)?")  # a number in an exception's message
+# the lines of a TensorFlow op error's message that say where the op was defined, not what failed
+_TF_WHERE = ("File ", "Detected at node ", "[[")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class Failure:
         if before_first_step:
             head += " before completing a step"
         if self.error is not None:
-            head += f": {self.error.type}: {self.error.message}"
+            head += f": {self.error.type}: {one_line(self.error.message)}"
         if self.unread:
             head += f" ({self.unread})"
         return head
@@ -134,6 +136,23 @@ class Failure:
             lines += ["  | " + line for line in self.error.traceback.rstrip().splitlines()]
         lines.append(f"  (full log: {self.log_path})")
         return "\n".join(lines)
+
+
+def one_line(message: str) -> str:
+    """An exception's message as one line: its first line, and when that only heads what follows (ends with ":",
+    as TensorFlow's ``Graph execution error:``, then where the op was defined, then what failed) the first line
+    after it that is not where; a "..." says lines were left out (they are in the error file and the log).
+    Before, a member's line, ``last_error`` and the ``breaker`` record held TensorFlow's whole message: a dozen
+    lines of frames for a peer's collective failure, the cause on the ninth."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    head, rest = lines[0], lines[1:]
+    if head.endswith(":"):
+        said = next((ln for ln in rest if not ln.startswith(_TF_WHERE)), None)
+        if said is not None:
+            return f"{head} {said}" + (" ..." if len(lines) > 2 else "")
+    return f"{head} ..."
 
 
 def signal_name(code: Optional[int]) -> Optional[str]:
