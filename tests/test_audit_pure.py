@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_policies import mk, steps as kept_steps, T0
@@ -1035,7 +1037,6 @@ def test_intervals_a_stop_left_unjudged_are_replayed_first_by_the_next_launch_wh
     behind it to the next launch (``.procsv/audit.json``), whose audit replays them first, holds their checkpoints,
     and on the verdict rolls its trainer back to step 200 and quarantines every checkpoint after it, the earlier
     launch's (300, 400, 450) included; the interval from 450 to its own first commit is audited too."""
-    import json
     import signal
 
     from procsv.ipc.messages import Hello, Role
@@ -1118,6 +1119,21 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
                                               "interval(s) unaudited: not audited in this launch"] and not group.queue
     bad = AuditBook(mode=AuditMode.EVERY)
     assert "is not readable" in carry_in(bad, {"pending": [["x"]]}, on_disk)[0] and not bad.queue
+    written = json.loads(json.dumps(left))  # (as the file holds it)
+    for edit in ({"pending": [[float("inf"), 200, False, False, 0]]}, {"pending": [[100.7, 200, False, False, 0]]},
+                 {"pending": [[200, 100, False, False, 0]]}, {"pending": [[True, 200, False, False, 0]]},
+                 {"pending": [["100", "200", False, False, 0]]}, {"pending": {"100": 200}}, {"newest": 300.0},
+                 {"group": None}, {"exact": "yes"}):  # (a file edited by hand: none is read as another interval)
+        book = AuditBook(mode=AuditMode.EVERY)
+        assert carry_in(book, {**written, **edit}, on_disk) == [
+            "procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its intervals, "
+            "if any, are not audited"], edit
+        assert not book.queue and book.last is None and not book.commits and book.dropped_steps == 0, edit
+    for garbage in ([], 5, "audit", [written]):  # (JSON, not what a launch writes: said, not silently taken as nothing)
+        assert "is not readable" in carry_in(AuditBook(mode=AuditMode.EVERY), garbage, on_disk)[0], garbage
+    assert carry_in(AuditBook(mode=AuditMode.EVERY), None, on_disk) == []  # (no file: an audit's first launch)
+    assert carry_in(AuditBook(mode=AuditMode.EVERY), written, on_disk) == carry_in(AuditBook(mode=AuditMode.EVERY),
+                                                                                   left, on_disk)
     assert carry_in(AuditBook(mode=AuditMode.OFF), left, on_disk) == []
     sim = Sim()
     ex, said2 = _Ex(sim), []  # type: ignore[var-annotated]

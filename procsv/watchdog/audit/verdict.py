@@ -652,6 +652,35 @@ def carried(book: AuditBook) -> dict[str, object]:
             "newest": book.last.step if book.last is not None else None, "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
 
 
+def _int(value: object) -> bool:
+    """Whether ``value`` (JSON as read back) is an integer, a boolean not taken for one."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_left(left: object) -> Optional[tuple[list[tuple[int, int, bool, bool, int]], Optional[int], int, bool, int,
+                                               str]]:
+    """:func:`carried`'s JSON as read back: its intervals (start, end, resumed, session_start, part), newest commit,
+    group, exactness, version and program; None when it is not what :func:`carried` writes (a file written by hand, a
+    person's edit, another tool's): each field of the type written, every interval's steps ``0 <= start < end``. A
+    step is never taken from a float, a boolean or a string: a file that says ``Infinity`` or ``200.7`` is not
+    read as some other interval."""
+    if not isinstance(left, dict):
+        return None
+    pending, newest, group, exact = left.get("pending", []), left.get("newest"), left.get("group", 0), \
+        left.get("exact", False)
+    version, program = left.get("version", 0), left.get("program", "")
+    if not (isinstance(pending, list) and (newest is None or _int(newest)) and _int(group) and isinstance(exact, bool)
+            and _int(version) and isinstance(program, str)):
+        return None
+    rows: list[tuple[int, int, bool, bool, int]] = []
+    for row in pending:
+        if not (isinstance(row, list) and len(row) == 5 and _int(row[0]) and _int(row[1]) and 0 <= row[0] < row[1]
+                and isinstance(row[2], bool) and isinstance(row[3], bool) and _int(row[4]) and row[4] >= 0):
+            return None
+        rows.append((row[0], row[1], row[2], row[3], row[4]))
+    return rows, newest, group, exact, version, program
+
+
 def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str]:
     """Put what an earlier launch's audit left (``left``: :func:`carried`'s JSON as read back) in this launch's new
     book (pure), ``on_disk`` the committed checkpoints now (step -> path): its intervals whose two checkpoints are both
@@ -661,15 +690,13 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     the lines to say (none: nothing was left). An interval whose checkpoint is gone is a hole, said and counted;
     nothing is carried in from an earlier launch of another program, other arguments or another layout (its
     replays would differ without a fault: a false verdict)."""
-    if book.mode == AuditMode.OFF or book.off or not isinstance(left, dict):
+    if book.mode == AuditMode.OFF or book.off or left is None:
         return []
-    try:
-        rows = [(int(r[0]), int(r[1]), bool(r[2]), bool(r[3]), int(r[4])) for r in left.get("pending", [])]
-        newest, group, exact = left.get("newest"), int(left.get("group", 0)), bool(left.get("exact", False))
-        version, program = int(left.get("version", 0)), str(left.get("program", ""))
-    except (TypeError, ValueError, IndexError):
+    read = _read_left(left)
+    if read is None:
         return ["procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its "
                 "intervals, if any, are not audited"]
+    rows, newest, group, exact, version, program = read
     if version != CARRY_VERSION or group != book.group or program != book.known.program:
         other = "of another version" if version != CARRY_VERSION else "of another layout" if group != book.group else \
             ("of another program or other arguments (a replay by this one would differ from its checkpoints without a "
