@@ -1111,9 +1111,23 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
 
     other = AuditBook(mode=AuditMode.EVERY, known=Exactness(program='["train.py", "--lr", "0.1", "ab12"]'))
     assert carry_in(other, left, on_disk) == [
-        "procsv: audit: an earlier launch's audit of another program or other arguments (a replay by this one would "
-        "differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in this launch"]
+        "procsv: audit: an earlier launch's audit of another program or other arguments (not said by the earlier "
+        "launch: a replay by this one could differ from its checkpoints without a fault) left 2 interval(s) "
+        "unaudited: not audited in this launch"]
     assert not other.queue and other.last is None and not other.commits
+    ran = '["train.py", "--steps", "1500", "--lr", "0.1", "ab12"]'  # (the line says what differs: the user's to judge)
+    for now, change in (('["train.py", "--steps", "3000", "--lr", "0.1", "ab12"]', "arguments: --steps 1500 then, "
+                         "--steps 3000 now"),
+                        ('["train.py", "--steps", "1500", "--lr", "0.1", "--warm", "ab12"]', "arguments: (none) then, "
+                         "--warm now"),
+                        ('["train.py", "--steps", "1500", "--lr", "0.1", "cd34"]', "train.py's source edited since"),
+                        ('["tune.py", "--steps", "1500", "--lr", "0.1", "ab12"]', "TARGET train.py then, tune.py now")):
+        relaunch = AuditBook(mode=AuditMode.EVERY, known=Exactness(program=now))
+        assert carry_in(relaunch, {**left, "program": ran}, on_disk) == [
+            f"procsv: audit: an earlier launch's audit of another program or other arguments ({change}: a replay by "
+            "this one could differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in "
+            "this launch"], now
+        assert not relaunch.queue and relaunch.last is None
     group = AuditBook(mode=AuditMode.EVERY, group=1)
     assert carry_in(group, left, on_disk) == ["procsv: audit: an earlier launch's audit of another layout left 2 "
                                               "interval(s) unaudited: not audited in this launch"] and not group.queue

@@ -69,7 +69,9 @@ One concern: the audit's decisions, from the commits it hears to what a verdict 
 
 from __future__ import annotations
 
+import difflib
 import enum
+import json
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -681,6 +683,32 @@ def _read_left(left: object) -> Optional[tuple[list[tuple[int, int, bool, bool, 
     return rows, newest, group, exact, version, program
 
 
+def _program_change(then: str, now: str) -> str:
+    """What differs between two :func:`~procsv.watchdog.config.program_fingerprint` (``[TARGET, *args, digest]``,
+    JSON), for the line that refuses an earlier launch's intervals (pure): another TARGET, its source edited, or the
+    arguments that differ, each side's as given (``--steps 1500`` then, ``--steps 3000`` now)."""
+    try:
+        was, is_ = json.loads(then), json.loads(now)
+    except ValueError:
+        was, is_ = None, None
+    if not (isinstance(was, list) and isinstance(is_, list) and len(was) >= 2 and len(is_) >= 2
+            and all(isinstance(x, str) for x in (*was, *is_))):
+        return "not said by the earlier launch" if not then else "another program"
+    if was[0] != is_[0]:
+        return f"TARGET {was[0]} then, {is_[0]} now"
+    if was[1:-1] != is_[1:-1]:
+        a, b = was[1:-1], is_[1:-1]
+        parts = []
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+            if op == "equal":
+                continue
+            flag = i1 > 0 and j1 > 0 and a[i1 - 1] == b[j1 - 1] and a[i1 - 1].startswith("-")  # (the option a value is of)
+            i1, j1 = (i1 - 1, j1 - 1) if flag else (i1, j1)
+            parts.append(f"{' '.join(a[i1:i2]) or '(none)'} then, {' '.join(b[j1:j2]) or '(none)'} now")
+        return "arguments: " + "; ".join(parts)[:300]
+    return f"{was[0]}'s source edited since"
+
+
 def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str]:
     """Put what an earlier launch's audit left (``left``: :func:`carried`'s JSON as read back) in this launch's new
     book (pure), ``on_disk`` the committed checkpoints now (step -> path): its intervals whose two checkpoints are both
@@ -699,8 +727,8 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     rows, newest, group, exact, version, program = read
     if version != CARRY_VERSION or group != book.group or program != book.known.program:
         other = "of another version" if version != CARRY_VERSION else "of another layout" if group != book.group else \
-            ("of another program or other arguments (a replay by this one would differ from its checkpoints without a "
-             "fault)")
+            (f"of another program or other arguments ({_program_change(program, book.known.program)}: a replay by "
+             "this one could differ from its checkpoints without a fault)")
         return [f"procsv: audit: an earlier launch's audit {other} left {len(rows)} interval(s) unaudited: not audited "
                 "in this launch"] if rows else []
     said, kept = [], []
