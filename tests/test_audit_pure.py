@@ -18,8 +18,8 @@ from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveRe
 from procsv.watchdog.audit.auditors import Auditors, _record
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
                                            SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Exactness, Replay, Verdict,
-                                           carried, carry_in, committed, died, end_wait, holds, late, next_replay,
-                                           pending, replayed, rollback, rolled_back, seen, wrong_timeline)
+                                           carried, carry_in, committed, died, end_wait, holds, kept_for_later, late,
+                                           next_replay, pending, replayed, rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
@@ -1178,3 +1178,39 @@ def test_the_programs_fingerprint_changes_with_its_arguments_and_its_source(tmp_
     assert same != program_fingerprint("train.py", ["--lr", "0.1"], str(tmp_path))
     module = program_fingerprint("procsv.examples.digits", [], str(tmp_path))
     assert module == program_fingerprint("procsv.examples.digits", [], str(tmp_path)) and '""]' not in module
+
+
+def test_a_launch_without_the_audit_keeps_an_earlier_launchs_unjudged_intervals_checkpoints_for_the_next_with_it(
+        ) -> None:
+    """Measured before: digits, a bit flipped at 250, the watchdog killed as 400 commits (100-400 left unjudged), a
+    launch without --audit to 1200 whose retention kept 800-1200: the next launch with --audit found 100-400 gone,
+    said so, and ended with other weights than a clean run, the fault passed for good. Now a launch without --audit
+    holds their checkpoints from retention (told at its start and again at a checkpoint service's hello), with one
+    line; not another program's, another layout's or a file not readable (nothing held, nothing said)."""
+    from procsv.ipc.messages import AuditHold, Hello, Role
+
+    book = _book(steps=(100, 200, 300, 400))
+    left = json.loads(json.dumps({**carried(book), "program": '["t.py", "ab"]'}))  # (as the file holds it)
+    on_disk = {s: f"/l/model.ckpt-{s}" for s in (200, 300, 400)}  # (100 already gone)
+    assert kept_for_later(left, '["t.py", "ab"]', 0, on_disk) == ([200, 300, 400], [
+        "procsv: audit: steps 200-300, 300-400, committed by an earlier launch under --audit, are not audited yet and "
+        "this launch runs without it: their checkpoints (step(s) 200, 300, 400) are kept past retention until a launch "
+        "with --audit replays them (removing .procsv/audit.json lets them go)"])
+    for other in ((left, '["t.py", "--lr", "0.2", "ab"]', 0), (left, '["t.py", "ab"]', 2), (None, '["t.py", "ab"]', 0),
+                  ({**left, "pending": [[1.5, 2, False, False, 0]]}, '["t.py", "ab"]', 0),
+                  ({**left, "pending": []}, '["t.py", "ab"]', 0)):
+        assert kept_for_later(other[0], other[1], other[2], on_disk) == ([], []), other
+
+    sim = Sim()
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    ex.left, ex.on_disk = left, on_disk
+    audits = Auditors("off", ex, sim.view, 1, said.extend, told.append, program='["t.py", "ab"]')  # type: ignore[arg-type]
+    assert [r.say for r in said] == kept_for_later(left, '["t.py", "ab"]', 0, on_disk)[1]
+    assert told == [AuditHold([200, 300, 400])]
+    audits.heard(SaveResult(500, SaveReason.PERIODIC, True, "/l/model.ckpt-500", None, 0.1, attempt=1))
+    audits.heard(Hello(Role.CHECKPOINT, 1, 1))  # (a restarted checkpoint service: told again)
+    assert told == [AuditHold([200, 300, 400])] * 2 and ex.carries == []  # (the file is left as it is)
+    ex2, said2, told2 = _Ex(sim), [], []  # type: ignore[var-annotated]
+    ex2.left, ex2.on_disk = ..., on_disk  # (a file that cannot be read: a launch with --audit says so; this holds none)
+    Auditors("off", ex2, sim.view, 1, said2.extend, told2.append, program='["t.py", "ab"]')  # type: ignore[arg-type]
+    assert said2 == [] and told2 == []

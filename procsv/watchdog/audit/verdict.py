@@ -752,6 +752,31 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     return said
 
 
+def kept_for_later(left: object, program: str, group: int, on_disk: dict[int, str]) -> tuple[list[int], list[str]]:
+    """A launch without ``--audit`` of the logdir an earlier launch's audit left intervals unjudged in (``left``:
+    :func:`carried`'s JSON as read back; ``program``, ``group``: this launch's, as :func:`carry_in` compares them;
+    ``on_disk`` the committed checkpoints, step -> path): the steps retention must keep (both ends of each interval
+    still on disk) and the line that says so (pure). Retention in such a launch deleted them otherwise, and the next
+    launch with ``--audit`` could replay none of them: a fault in them passed for good (measured: digits, a bit
+    flipped at 250, the watchdog killed as 400 commits, a launch without --audit to 1200 kept 5 checkpoints, 800-1200,
+    and the next with --audit found 100-400 gone and ended with other weights than a clean run). Another program's,
+    another layout's, or a file not readable: nothing (a launch with ``--audit`` says why it takes none)."""
+    read = _read_left(left) if left is not None else None
+    if read is None:
+        return [], []
+    rows, _, was_group, _, version, was_program = read
+    if version != CARRY_VERSION or was_group != group or was_program != program:
+        return [], []
+    kept = [(start, end) for start, end, *_ in rows if start in on_disk and end in on_disk]
+    if not kept:
+        return [], []
+    steps = sorted({s for pair in kept for s in pair})
+    return steps, [f"procsv: audit: steps {', '.join(f'{s}-{e}' for s, e in kept)}, committed by an earlier launch "
+                   "under --audit, are not audited yet and this launch runs without it: their checkpoints (step(s) "
+                   f"{', '.join(str(s) for s in steps)}) are kept past retention until a launch with --audit replays "
+                   "them (removing .procsv/audit.json lets them go)"]
+
+
 def group_name(hosts: int) -> str:
     """What a verdict on a group over ``hosts`` hosts names instead of a host (pure): its chief's checkpoint, all the
     audit compares with, holds the all-reduced result of every member's step, not which member computed it."""
