@@ -1128,6 +1128,14 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
             "this one could differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in "
             "this launch"], now
         assert not relaunch.queue and relaunch.last is None
+    moved = AuditBook(mode=AuditMode.EVERY, known=Exactness(platform="TensorFlow 2.21.0, AMD EPYC (1 CPUs, flags ad39)"))
+    assert carry_in(moved, {**left, "platform": "TensorFlow 2.21.0, AMD EPYC (2 CPUs, flags ad39)"}, on_disk) == [
+        "procsv: audit: an earlier launch's audit on another machine or TensorFlow (TensorFlow 2.21.0, AMD EPYC (2 CPUs, "
+        "flags ad39) then, TensorFlow 2.21.0, AMD EPYC (1 CPUs, flags ad39) now: a replay here could differ from its "
+        "checkpoints without a fault, the floating-point kernels chosen otherwise) left 2 interval(s) unaudited: not "
+        "audited in this launch"]  # (a preempted run relaunched on a smaller VM: no false verdict)
+    assert not moved.queue and moved.last is None and not moved.commits
+    assert carried(moved)["platform"] == moved.known.platform
     group = AuditBook(mode=AuditMode.EVERY, group=1)
     assert carry_in(group, left, on_disk) == ["procsv: audit: an earlier launch's audit of another layout left 2 "
                                               "interval(s) unaudited: not audited in this launch"] and not group.queue

@@ -53,10 +53,11 @@ class Auditors:
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
-                 ps: bool = False, elastic: bool = False, program: str = "") -> None:
+                 ps: bool = False, elastic: bool = False, program: str = "", platform: str = "") -> None:
         self.members, off = replayers(world, hosts, ps, elastic)
         self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0,
-                              known=Exactness(program=program))  # (``program``: config.program_fingerprint)
+                              known=Exactness(program=program, platform=platform))  # (config.program_fingerprint,
+        # config.platform_fingerprint)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])

@@ -216,6 +216,8 @@ class Exactness:
     # next interval the group ran on from before its start decides
     program: str = ""  # what the program is (TARGET, its arguments, its source's digest): these facts are its; an
     # earlier launch's intervals are carried in only for the same (:func:`carry_in`)
+    platform: str = ""  # what it runs on (TensorFlow's version, the CPU's model, flags and count: config.platform_
+    # fingerprint): an earlier launch's intervals are carried in only for the same too
 
     def probe(self) -> None:
         """An interval got its verdict's replays: the first interval's second replay (its determinism) was made."""
@@ -642,8 +644,8 @@ def carried(book: AuditBook) -> dict[str, object]:
     program's steps were shown to replay exactly, and the hosts a group's audit spans. An audit switched off leaves
     nothing."""
     if book.off:
-        return {"version": CARRY_VERSION, "group": book.group, "program": book.known.program, "newest": None,
-                "exact": False, "pending": []}
+        return {"version": CARRY_VERSION, "group": book.group, "program": book.known.program,
+                "platform": book.known.platform, "newest": None, "exact": False, "pending": []}
     undecided = [j.interval for j in (book.known.candidate, book.known.trial) if j is not None]
     pending: list[Interval] = []
     for i in sorted([*undecided, *([book.current] if book.current is not None else []), *book.queue],
@@ -651,7 +653,7 @@ def carried(book: AuditBook) -> dict[str, object]:
         if i not in pending:
             pending.append(i)
     return {"version": CARRY_VERSION, "group": book.group, "program": book.known.program,
-            "newest": book.last.step if book.last is not None else None, "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
+            "platform": book.known.platform, "newest": book.last.step if book.last is not None else None, "exact": book.known.exact, "pending": [[i.start, i.end, i.resumed, i.session_start, i.part] for i in pending]}
 
 
 def _int(value: object) -> bool:
@@ -660,9 +662,9 @@ def _int(value: object) -> bool:
 
 
 def _read_left(left: object) -> Optional[tuple[list[tuple[int, int, bool, bool, int]], Optional[int], int, bool, int,
-                                               str]]:
+                                               str, str]]:
     """:func:`carried`'s JSON as read back: its intervals (start, end, resumed, session_start, part), newest commit,
-    group, exactness, version and program; None when it is not what :func:`carried` writes (a file written by hand, a
+    group, exactness, version, program and platform; None when it is not what :func:`carried` writes (a file written by hand, a
     person's edit, another tool's): each field of the type written, every interval's steps ``0 <= start < end``. A
     step is never taken from a float, a boolean or a string: a file that says ``Infinity`` or ``200.7`` is not
     read as some other interval."""
@@ -670,9 +672,9 @@ def _read_left(left: object) -> Optional[tuple[list[tuple[int, int, bool, bool, 
         return None
     pending, newest, group, exact = left.get("pending", []), left.get("newest"), left.get("group", 0), \
         left.get("exact", False)
-    version, program = left.get("version", 0), left.get("program", "")
+    version, program, platform = left.get("version", 0), left.get("program", ""), left.get("platform", "")
     if not (isinstance(pending, list) and (newest is None or _int(newest)) and _int(group) and isinstance(exact, bool)
-            and _int(version) and isinstance(program, str)):
+            and _int(version) and isinstance(program, str) and isinstance(platform, str)):
         return None
     rows: list[tuple[int, int, bool, bool, int]] = []
     for row in pending:
@@ -680,7 +682,7 @@ def _read_left(left: object) -> Optional[tuple[list[tuple[int, int, bool, bool, 
                 and isinstance(row[2], bool) and isinstance(row[3], bool) and _int(row[4]) and row[4] >= 0):
             return None
         rows.append((row[0], row[1], row[2], row[3], row[4]))
-    return rows, newest, group, exact, version, program
+    return rows, newest, group, exact, version, program, platform
 
 
 def _program_change(then: str, now: str) -> str:
@@ -716,19 +718,23 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     where the next interval starts (the new trainer resumes from it); the checkpoints after the oldest interval's
     start are noted as an earlier launch's commits (attempt 0: a rollback to that start quarantines them). Returns
     the lines to say (none: nothing was left). An interval whose checkpoint is gone is a hole, said and counted;
-    nothing is carried in from an earlier launch of another program, other arguments or another layout (its
-    replays would differ without a fault: a false verdict)."""
+    nothing is carried in from an earlier launch of another program, other arguments, another layout, or another
+    machine or TensorFlow (a preempted run relaunched on another kind of VM, TensorFlow upgraded: its replays could
+    differ without a fault, a false verdict)."""
     if book.mode == AuditMode.OFF or book.off or left is None:
         return []
     read = _read_left(left)
     if read is None:
         return ["procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its "
                 "intervals, if any, are not audited"]
-    rows, newest, group, exact, version, program = read
-    if version != CARRY_VERSION or group != book.group or program != book.known.program:
+    rows, newest, group, exact, version, program, platform = read
+    if version != CARRY_VERSION or group != book.group or program != book.known.program \
+            or platform != book.known.platform:
         other = "of another version" if version != CARRY_VERSION else "of another layout" if group != book.group else \
             (f"of another program or other arguments ({_program_change(program, book.known.program)}: a replay by "
-             "this one could differ from its checkpoints without a fault)")
+             "this one could differ from its checkpoints without a fault)") if program != book.known.program else \
+            (f"on another machine or TensorFlow ({platform or 'not said'} then, {book.known.platform} now: a replay "
+             "here could differ from its checkpoints without a fault, the floating-point kernels chosen otherwise)")
         return [f"procsv: audit: an earlier launch's audit {other} left {len(rows)} interval(s) unaudited: not audited "
                 "in this launch"] if rows else []
     said, kept = [], []
@@ -764,7 +770,7 @@ def kept_for_later(left: object, program: str, group: int, on_disk: dict[int, st
     read = _read_left(left) if left is not None else None
     if read is None:
         return [], []
-    rows, _, was_group, _, version, was_program = read
+    rows, _, was_group, _, version, was_program, _ = read
     if version != CARRY_VERSION or was_group != group or was_program != program:
         return [], []
     kept = [(start, end) for start, end, *_ in rows if start in on_disk and end in on_disk]
