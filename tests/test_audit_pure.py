@@ -1154,6 +1154,18 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
     for garbage in ([], 5, "audit", [written]):  # (JSON, not what a launch writes: said, not silently taken as nothing)
         assert "is not readable" in carry_in(AuditBook(mode=AuditMode.EVERY), garbage, on_disk)[0], garbage
     assert carry_in(AuditBook(mode=AuditMode.EVERY), None, on_disk) == []  # (no file: an audit's first launch)
+    # many stop/relaunch cycles: every launch's first interval is a resumed one, which no merge crosses; more than
+    # wait for an auditor were said "replayed first" and the oldest dropped silently, uncounted
+    many = {**left, "newest": 200, "pending": [[s, s + 10, True, True, 0] for s in range(10, 200, 10)]}
+    book = AuditBook(mode=AuditMode.EVERY)
+    said = carry_in(book, many, {s: f"/m/model.ckpt-{s}" for s in range(10, 201, 10)})
+    assert [(i.start, i.end) for i in book.queue] == [(170, 180), (180, 190), (190, 200)] and QUEUE_MAX == 3
+    assert said == [f"procsv: audit: steps {', '.join(f'{s}-{s + 10}' for s in range(10, 170, 10))} of an earlier "
+                    "launch were not audited and will not be: more intervals were left than wait for an auditor (at "
+                    "most 3; the oldest dropped, counted in status.json's audit.dropped_steps)",
+                    "procsv: audit: steps 170-180, 180-190, 190-200, committed by an earlier launch and not audited "
+                    "yet: replayed first"], said
+    assert book.dropped_steps == 160 and book.commits == {s: 0 for s in range(180, 201, 10)}
     assert carry_in(AuditBook(mode=AuditMode.EVERY), written, on_disk) == carry_in(AuditBook(mode=AuditMode.EVERY),
                                                                                    left, on_disk)
     assert carry_in(AuditBook(mode=AuditMode.OFF), left, on_disk) == []

@@ -751,6 +751,13 @@ def carry_in(book: AuditBook, left: object, on_disk: dict[int, str]) -> list[str
     if kept:
         book.known.exact = exact
         book.queue = waiting([*kept, *book.queue], book.mode)
+        lost = [i for i in kept if not any(j.start <= i.start and i.end <= j.end for j in book.queue)]
+        if lost:  # (more than wait for an auditor, none mergeable: each launch's first interval is a resumed one)
+            kept = [i for i in kept if i not in lost]
+            book.dropped_steps += sum(i.steps for i in lost)
+            said.append(f"procsv: audit: steps {', '.join(f'{i.start}-{i.end}' for i in lost)} of an earlier launch "
+                        f"were not audited and will not be: more intervals were left than wait for an auditor (at "
+                        f"most {QUEUE_MAX}; the oldest dropped, counted in status.json's audit.dropped_steps)")
         floor = min(i.start for i in kept)
         book.commits.update({s: 0 for s in on_disk if s > floor})
         said.append(f"procsv: audit: steps {', '.join(f'{i.start}-{i.end}' for i in kept)}, committed by an earlier "
