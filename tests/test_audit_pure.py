@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_policies import mk, steps as kept_steps, T0
@@ -16,8 +18,8 @@ from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveRe
 from procsv.watchdog.audit.auditors import Auditors, _record
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
                                            SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Exactness, Replay, Verdict,
-                                           carried, carry_in, committed, died, end_wait, holds, late, next_replay,
-                                           pending, replayed, rollback, rolled_back, seen, wrong_timeline)
+                                           carried, carry_in, committed, died, end_wait, holds, kept_for_later, late,
+                                           next_replay, pending, replayed, rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot
@@ -1044,7 +1046,6 @@ def test_intervals_a_stop_left_unjudged_are_replayed_first_by_the_next_launch_wh
     behind it to the next launch (``.procsv/audit.json``), whose audit replays them first, holds their checkpoints,
     and on the verdict rolls its trainer back to step 200 and quarantines every checkpoint after it, the earlier
     launch's (300, 400, 450) included; the interval from 450 to its own first commit is audited too."""
-    import json
     import signal
 
     from procsv.ipc.messages import Hello, Role
@@ -1119,14 +1120,63 @@ def test_what_an_earlier_launch_left_is_taken_where_its_checkpoints_are_on_disk_
 
     other = AuditBook(mode=AuditMode.EVERY, known=Exactness(program='["train.py", "--lr", "0.1", "ab12"]'))
     assert carry_in(other, left, on_disk) == [
-        "procsv: audit: an earlier launch's audit of another program or other arguments (a replay by this one would "
-        "differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in this launch"]
+        "procsv: audit: an earlier launch's audit of another program or other arguments (not said by the earlier "
+        "launch: a replay by this one could differ from its checkpoints without a fault) left 2 interval(s) "
+        "unaudited: not audited in this launch"]
     assert not other.queue and other.last is None and not other.commits
+    ran = '["train.py", "--steps", "1500", "--lr", "0.1", "ab12"]'  # (the line says what differs: the user's to judge)
+    for now, change in (('["train.py", "--steps", "3000", "--lr", "0.1", "ab12"]', "arguments: --steps 1500 then, "
+                         "--steps 3000 now"),
+                        ('["train.py", "--steps", "1500", "--lr", "0.1", "--warm", "ab12"]', "arguments: (none) then, "
+                         "--warm now"),
+                        ('["train.py", "--steps", "1500", "--lr", "0.1", "cd34"]', "train.py's source edited since"),
+                        ('["tune.py", "--steps", "1500", "--lr", "0.1", "ab12"]', "TARGET train.py then, tune.py now")):
+        relaunch = AuditBook(mode=AuditMode.EVERY, known=Exactness(program=now))
+        assert carry_in(relaunch, {**left, "program": ran}, on_disk) == [
+            f"procsv: audit: an earlier launch's audit of another program or other arguments ({change}: a replay by "
+            "this one could differ from its checkpoints without a fault) left 2 interval(s) unaudited: not audited in "
+            "this launch"], now
+        assert not relaunch.queue and relaunch.last is None
+    moved = AuditBook(mode=AuditMode.EVERY, known=Exactness(platform="TensorFlow 2.21.0, AMD EPYC (1 CPUs, flags ad39)"))
+    assert carry_in(moved, {**left, "platform": "TensorFlow 2.21.0, AMD EPYC (2 CPUs, flags ad39)"}, on_disk) == [
+        "procsv: audit: an earlier launch's audit on another machine or TensorFlow (TensorFlow 2.21.0, AMD EPYC (2 CPUs, "
+        "flags ad39) then, TensorFlow 2.21.0, AMD EPYC (1 CPUs, flags ad39) now: a replay here could differ from its "
+        "checkpoints without a fault, the floating-point kernels chosen otherwise) left 2 interval(s) unaudited: not "
+        "audited in this launch"]  # (a preempted run relaunched on a smaller VM: no false verdict)
+    assert not moved.queue and moved.last is None and not moved.commits
+    assert carried(moved)["platform"] == moved.known.platform
     group = AuditBook(mode=AuditMode.EVERY, group=1)
     assert carry_in(group, left, on_disk) == ["procsv: audit: an earlier launch's audit of another layout left 2 "
                                               "interval(s) unaudited: not audited in this launch"] and not group.queue
     bad = AuditBook(mode=AuditMode.EVERY)
     assert "is not readable" in carry_in(bad, {"pending": [["x"]]}, on_disk)[0] and not bad.queue
+    written = json.loads(json.dumps(left))  # (as the file holds it)
+    for edit in ({"pending": [[float("inf"), 200, False, False, 0]]}, {"pending": [[100.7, 200, False, False, 0]]},
+                 {"pending": [[200, 100, False, False, 0]]}, {"pending": [[True, 200, False, False, 0]]},
+                 {"pending": [["100", "200", False, False, 0]]}, {"pending": {"100": 200}}, {"newest": 300.0},
+                 {"group": None}, {"exact": "yes"}):  # (a file edited by hand: none is read as another interval)
+        book = AuditBook(mode=AuditMode.EVERY)
+        assert carry_in(book, {**written, **edit}, on_disk) == [
+            "procsv: audit: what an earlier launch's audit left (.procsv/audit.json) is not readable; its intervals, "
+            "if any, are not audited"], edit
+        assert not book.queue and book.last is None and not book.commits and book.dropped_steps == 0, edit
+    for garbage in ([], 5, "audit", [written]):  # (JSON, not what a launch writes: said, not silently taken as nothing)
+        assert "is not readable" in carry_in(AuditBook(mode=AuditMode.EVERY), garbage, on_disk)[0], garbage
+    assert carry_in(AuditBook(mode=AuditMode.EVERY), None, on_disk) == []  # (no file: an audit's first launch)
+    # many stop/relaunch cycles: every launch's first interval is a resumed one, which no merge crosses; more than
+    # wait for an auditor were said "replayed first" and the oldest dropped silently, uncounted
+    many = {**left, "newest": 200, "pending": [[s, s + 10, True, True, 0] for s in range(10, 200, 10)]}
+    book = AuditBook(mode=AuditMode.EVERY)
+    said = carry_in(book, many, {s: f"/m/model.ckpt-{s}" for s in range(10, 201, 10)})
+    assert [(i.start, i.end) for i in book.queue] == [(170, 180), (180, 190), (190, 200)] and QUEUE_MAX == 3
+    assert said == [f"procsv: audit: steps {', '.join(f'{s}-{s + 10}' for s in range(10, 170, 10))} of an earlier "
+                    "launch were not audited and will not be: more intervals were left than wait for an auditor (at "
+                    "most 3; the oldest dropped, counted in status.json's audit.dropped_steps)",
+                    "procsv: audit: steps 170-180, 180-190, 190-200, committed by an earlier launch and not audited "
+                    "yet: replayed first"], said
+    assert book.dropped_steps == 160 and book.commits == {s: 0 for s in range(180, 201, 10)}
+    assert carry_in(AuditBook(mode=AuditMode.EVERY), written, on_disk) == carry_in(AuditBook(mode=AuditMode.EVERY),
+                                                                                   left, on_disk)
     assert carry_in(AuditBook(mode=AuditMode.OFF), left, on_disk) == []
     sim = Sim()
     ex, said2 = _Ex(sim), []  # type: ignore[var-annotated]
@@ -1157,3 +1207,39 @@ def test_the_programs_fingerprint_changes_with_its_arguments_and_its_source(tmp_
     assert same != program_fingerprint("train.py", ["--lr", "0.1"], str(tmp_path))
     module = program_fingerprint("procsv.examples.digits", [], str(tmp_path))
     assert module == program_fingerprint("procsv.examples.digits", [], str(tmp_path)) and '""]' not in module
+
+
+def test_a_launch_without_the_audit_keeps_an_earlier_launchs_unjudged_intervals_checkpoints_for_the_next_with_it(
+        ) -> None:
+    """Measured before: digits, a bit flipped at 250, the watchdog killed as 400 commits (100-400 left unjudged), a
+    launch without --audit to 1200 whose retention kept 800-1200: the next launch with --audit found 100-400 gone,
+    said so, and ended with other weights than a clean run, the fault passed for good. Now a launch without --audit
+    holds their checkpoints from retention (told at its start and again at a checkpoint service's hello), with one
+    line; not another program's, another layout's or a file not readable (nothing held, nothing said)."""
+    from procsv.ipc.messages import AuditHold, Hello, Role
+
+    book = _book(steps=(100, 200, 300, 400))
+    left = json.loads(json.dumps({**carried(book), "program": '["t.py", "ab"]'}))  # (as the file holds it)
+    on_disk = {s: f"/l/model.ckpt-{s}" for s in (200, 300, 400)}  # (100 already gone)
+    assert kept_for_later(left, '["t.py", "ab"]', 0, on_disk) == ([200, 300, 400], [
+        "procsv: audit: steps 200-300, 300-400, committed by an earlier launch under --audit, are not audited yet and "
+        "this launch runs without it: their checkpoints (step(s) 200, 300, 400) are kept past retention until a launch "
+        "with --audit replays them (removing .procsv/audit.json lets them go)"])
+    for other in ((left, '["t.py", "--lr", "0.2", "ab"]', 0), (left, '["t.py", "ab"]', 2), (None, '["t.py", "ab"]', 0),
+                  ({**left, "pending": [[1.5, 2, False, False, 0]]}, '["t.py", "ab"]', 0),
+                  ({**left, "pending": []}, '["t.py", "ab"]', 0)):
+        assert kept_for_later(other[0], other[1], other[2], on_disk) == ([], []), other
+
+    sim = Sim()
+    ex, said, told = _Ex(sim), [], []  # type: ignore[var-annotated]
+    ex.left, ex.on_disk = left, on_disk
+    audits = Auditors("off", ex, sim.view, 1, said.extend, told.append, program='["t.py", "ab"]')  # type: ignore[arg-type]
+    assert [r.say for r in said] == kept_for_later(left, '["t.py", "ab"]', 0, on_disk)[1]
+    assert told == [AuditHold([200, 300, 400])]
+    audits.heard(SaveResult(500, SaveReason.PERIODIC, True, "/l/model.ckpt-500", None, 0.1, attempt=1))
+    audits.heard(Hello(Role.CHECKPOINT, 1, 1))  # (a restarted checkpoint service: told again)
+    assert told == [AuditHold([200, 300, 400])] * 2 and ex.carries == []  # (the file is left as it is)
+    ex2, said2, told2 = _Ex(sim), [], []  # type: ignore[var-annotated]
+    ex2.left, ex2.on_disk = ..., on_disk  # (a file that cannot be read: a launch with --audit says so; this holds none)
+    Auditors("off", ex2, sim.view, 1, said2.extend, told2.append, program='["t.py", "ab"]')  # type: ignore[arg-type]
+    assert said2 == [] and told2 == []

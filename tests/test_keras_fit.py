@@ -247,11 +247,18 @@ def stopped_mid_epoch_relaunched(shared_result, stopped_mid_epoch) -> dict[str, 
 
 
 def test_sigterm_mid_epoch_commits_the_batch_that_finished_and_a_relaunch_resumes_there(
-        stopped_mid_epoch_relaunched, reference):
+        stopped_mid_epoch, stopped_mid_epoch_relaunched, reference):
     # the stopped fit ran with delete_checkpoint, which acts only once a fit completes (the test below)
     run = stopped_mid_epoch_relaunched
     epoch, batch, trained = run["position"]
     assert 0 < batch < BATCHES_PER_EPOCH and trained == epoch * BATCHES_PER_EPOCH + batch
+    # the stop's commit holds the epoch's training metrics at that batch (the loss's and accuracy's counts: the
+    # samples of its batches so far), not those of fit's validation at the epoch's end, which runs after a stop
+    # too and refilled them (its 359 samples): a resume put them back at the epoch's start, and an audit's replay to
+    # that step found them differ (a false mismatch)
+    stop = tf.train.load_checkpoint(tf.train.latest_checkpoint(stopped_mid_epoch))
+    counts = [float(stop.get_tensor(f"metrics/{v}/.ATTRIBUTES/VARIABLE_VALUE")) for v in ("v1", "v3")]
+    assert counts == [batch * 32.0] * 2, (counts, batch)
     assert run["status_step"] == trained == run["committed"][-1]
     code, out, err = run["code"], run["out"], run["err"]
     assert code == 0, err

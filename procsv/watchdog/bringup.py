@@ -67,12 +67,13 @@ class Plumbing:
         self._old: dict[int, Handler] = {s: signal.signal(s, lambda signum, frame: None) for s in self.stops}
         self.poller.register(self.wake_r.fileno(), zmq.POLLIN)
         self.desk: Optional[StacksDesk] = None  # node 0's of a job over hosts: procsv stacks asks there
-        self.holds: Optional[zmq.Socket[Any]] = None  # --audit: the DEALER to checkpoint.sock (AuditHold)
+        self.holds: Optional[zmq.Socket[Any]] = None  # the audit's DEALER to checkpoint.sock (AuditHold)
         self.audits: Optional[Auditors] = None  # --audit's executor, driven by the loop (set once the executor is)
 
     def audit_link(self) -> Callable[[Message], None]:
-        """``--audit``: a DEALER to ``checkpoint.sock`` and how to send on it, never blocking (AuditHold: the
-        steps retention keeps for the audit; a message the queue cannot take is dropped, the next says it all)."""
+        """The audit's DEALER to ``checkpoint.sock`` and how to send on it, never blocking (AuditHold: the steps
+        retention keeps for the audit, an earlier launch's in a launch without ``--audit`` too; a message the queue
+        cannot take is dropped, the next says it all)."""
         self.holds = make_socket(self.zctx, zmq.DEALER, sndhwm=16)
         self.holds.connect(Endpoints(self.runtime_dir).checkpoint)
         sock = self.holds

@@ -8,9 +8,11 @@ function (:mod:`procsv.watchdog.rules.decide`) is given.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -192,6 +194,34 @@ def program_fingerprint(target: str, args: list[str], cwd: str) -> str:
     except OSError:
         source = ""
     return json.dumps([target, *args, source])
+
+
+def platform_fingerprint() -> str:
+    """What the program runs on, for the audit's intervals carried to the next launch (issue 71): TensorFlow's
+    version, the CPU's model, a digest of its flags (the instruction sets the kernels are chosen by) and the CPUs
+    this process may run on (the threads a kernel splits its work over). An interval committed on another kind of
+    machine, or by another TensorFlow, could replay otherwise without a fault: a false verdict rolling the user's
+    work back (:func:`procsv.watchdog.audit.verdict.carry_in`); said in the line that leaves it unaudited."""
+    try:
+        tf = importlib.metadata.version("tensorflow")
+    except importlib.metadata.PackageNotFoundError:
+        tf = "?"
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Hardware", "CPU part") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = hashlib.blake2b(value.strip().encode(), digest_size=4).hexdigest()
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+    return f"TensorFlow {tf}, {model or platform.machine()} ({cpus} CPUs, flags {flags or '?'})"
 
 
 def _check_syntax(target: str, path: str) -> None:

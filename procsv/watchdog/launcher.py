@@ -52,7 +52,7 @@ from procsv.ipc.messages import (AuditResult, GroupCopyHeld, GroupCopyRefused, H
 from procsv.ipc.transport import drain
 from procsv.watchdog import observe
 from procsv.watchdog.bringup import Plumbing, standby_choice
-from procsv.watchdog.config import LaunchConfig, check_target, program_fingerprint
+from procsv.watchdog.config import LaunchConfig, check_target, platform_fingerprint, program_fingerprint
 from procsv.watchdog.rules.decide import decide
 from procsv.watchdog.publish import badput
 from procsv.watchdog.publish.events import Event, skipped_steps
@@ -186,10 +186,10 @@ class Watchdog:
                                 self.clock, pipes.poller, ends.post_notice)
         ex.disk, ex.reading = self.out.io.call, ends.reading  # log rotation: by the logdir writer thread
         pipes.audits = Auditors(self.cfg.trainer.audit, ex, self.view, self.limits.world, self.out.record,
-                                pipes.audit_link() if self.cfg.trainer.audit != "off" else lambda msg: None,
-                                self.limits.nnodes, bool(self.limits.ps), self.limits.elastic,
-                                program_fingerprint(self.cfg.target, self.cfg.args, self.cfg.cwd)
-                                if self.cfg.trainer.audit != "off" else "")
+                                pipes.audit_link(), self.limits.nnodes, bool(self.limits.ps), self.limits.elastic,
+                                program_fingerprint(self.cfg.target, self.cfg.args, self.cfg.cwd),
+                                platform_fingerprint())  # (without --audit
+        # too: an earlier launch's unjudged intervals' checkpoints are held from retention for the next with it)
         clear_group_records(self.layout)  # an earlier launch's: nothing reads them any more
         clear_stale_temps(self.layout)  # an earlier launch's writes a kill cut short
         launch = archive_launch(self.layout.logs, self.cfg.keep_logs)  # an earlier launch's logs: logs/launch-<n>/

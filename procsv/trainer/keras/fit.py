@@ -359,6 +359,10 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
                 _passed_history(self._at.first, epochs)
             self._at.completed(epochs)
         self.sv = None
+        if self._stopped_mid_epoch and self._saved_metrics:  # the epoch's training metrics at the stop, not the
+            for var, value in zip(model.metrics_variables, self._saved_metrics):  # validation's: the position
+                var.assign(value)  # committed holds what a resume puts back at the epoch's start, and an audit's
+            self._saved_metrics = []  # replay to that step computes (it compared the validation's: a mismatch)
         if self.delete_checkpoint and not self._stopped_mid_epoch and not self._at.passed:  # (a later fit's: kept)
             sv.commit_checkpoint()  # the position reached, as stop() would (stop() then has nothing left to commit)
             _delete_own_checkpoints(sv)  # while the checkpoint service is still connected
@@ -467,6 +471,9 @@ class BackupAndRestore(keras.callbacks.Callback):  # type: ignore[misc]  # keras
     def _stop_here(self) -> Any:
         self.model.stop_training = True
         self._stopped_mid_epoch = True
+        # the epoch's metrics at the stop, put back before its commit (on_train_end): fit's validation at the epoch's
+        # end, which runs after a stop too, resets and fills the same variables with the validation data's
+        self._saved_metrics = [np.array(v.numpy()) for v in self.model.metrics_variables]
         return self._logs()
 
     def _logs(self) -> Any:

@@ -37,9 +37,9 @@ from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Exactness, Judged, Replay, Verdict,
-                                           committed, carried, carry_in, died, end_wait, group_name, holds, late, next_replay,
-                                           pending, replayed, rollback, rolled_back, seen, stopping, unrolled,
-                                           wrong_timeline)
+                                           committed, carried, carry_in, died, end_wait, group_name, holds,
+                                           kept_for_later, late, next_replay, pending, replayed, rollback, rolled_back,
+                                           seen, stopping, unrolled, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -53,10 +53,11 @@ class Auditors:
 
     def __init__(self, mode: str, ex: Executor, view: RunView, world: int,
                  report: Callable[[list[Report]], None], tell: Callable[[Message], None], hosts: int = 1,
-                 ps: bool = False, elastic: bool = False, program: str = "") -> None:
+                 ps: bool = False, elastic: bool = False, program: str = "", platform: str = "") -> None:
         self.members, off = replayers(world, hosts, ps, elastic)
         self.book = AuditBook(mode=AuditMode(mode), group=hosts if self.members > 1 else 0,
-                              known=Exactness(program=program))  # (``program``: config.program_fingerprint)
+                              known=Exactness(program=program, platform=platform))  # (config.program_fingerprint,
+        # config.platform_fingerprint)
         if off is not None and self.book.mode != AuditMode.OFF:  # (no interval is eligible: said once, at the start)
             self.book.off = off
             report([Report(say=f"procsv: audit: {self.book.off}", err=True)])
@@ -85,12 +86,21 @@ class Auditors:
                 "if any, are not audited"]
             report([Report(say=line, err=True) for line in said])
             self._hold()
+        elif self.book.mode == AuditMode.OFF:  # (no audit: an earlier launch's intervals' checkpoints kept for the next)
+            left, on_disk = ex.audit_left()
+            steps, said = kept_for_later(left if left is not ... else None, program, self.book.group, on_disk)
+            report([Report(say=line, err=True) for line in said])
+            if steps:
+                self.held = steps
+                tell(AuditHold(steps))
         self._publish()
 
     def heard(self, msg: Message) -> None:
         """A message the watchdog drained: a commit closes an interval; an auditor's answer is judged; a
         checkpoint service's hello is told what to keep (a restarted one knows nothing)."""
         if self.book.mode == AuditMode.OFF:
+            if isinstance(msg, Hello) and msg.role == Role.CHECKPOINT and self.held:
+                self.tell(AuditHold(self.held))  # (an earlier launch's intervals' checkpoints: a restarted one knows nothing)
             return
         if isinstance(msg, Progress):
             trainer = self.view.children.get(TRAINER)
