@@ -582,6 +582,22 @@ def _to_a_mismatchs_second_replay() -> tuple[Sim, Auditors, _Ex, list[Report], l
     return sim, audits, ex, said, told
 
 
+def _stopped_after_a_mismatch() -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
+    """:func:`_to_a_mismatchs_second_replay`, then SIGTERM to the launch: the trainer commits its stop's checkpoint 450
+    and exits, the run's end decided, the second replay's auditor (4) still running."""
+    import signal
+
+    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
+    assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
+    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
+    audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
+    sim.commit(450)
+    sim.dies(TRAINER, 42)
+    sim.tick(1.0)
+    assert sim.view.finishing
+    return sim, audits, ex, said, told
+
+
 def _to_a_trainer_verdict_on_a_dead_trainer(forking: bool) -> tuple[Sim, Auditors, _Ex, list[Report], list[object]]:
     """Trainer attempt 1 committed 100-400, interval 100-200 matched (twice: the probe), 200-300's first replay differs;
     the trainer crashes (its restart decided) before the second replay agrees with the first: the verdict, reached
@@ -997,16 +1013,7 @@ def test_a_trainer_verdict_reached_while_the_run_stops_says_that_nothing_is_roll
     more was said: the checkpoints of the wrong timeline (300, 400 and the stop's 450) stayed, and a launch again
     resumed 450, the fault kept (measured by hand, digits under --audit every, SIGTERM after the mismatch line: the
     stop's checkpoint was the wrong timeline's). Now one line says nothing is rolled back and which checkpoints stay."""
-    import signal
-
-    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
-    assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
-    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
-    audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
-    sim.commit(450)
-    sim.dies(TRAINER, 42)
-    sim.tick(1.0)
-    assert sim.view.finishing
+    sim, audits, ex, said, told = _stopped_after_a_mismatch()
     audits.heard(AuditResult(1004, 4, 200, 300, list(BAD.differ), BAD.digest, "a"))
     assert [r.fields["verdict"] for r in said if r.event == Event.AUDIT][-1] == "trainer"
     assert sim.view.rollback_before is None and not [a for a in ex.performed if isinstance(a, Kill)]
@@ -1046,18 +1053,9 @@ def test_intervals_a_stop_left_unjudged_are_replayed_first_by_the_next_launch_wh
     behind it to the next launch (``.procsv/audit.json``), whose audit replays them first, holds their checkpoints,
     and on the verdict rolls its trainer back to step 200 and quarantines every checkpoint after it, the earlier
     launch's (300, 400, 450) included; the interval from 450 to its own first commit is audited too."""
-    import signal
-
     from procsv.ipc.messages import Hello, Role
 
-    sim, audits, ex, said, told = _to_a_mismatchs_second_replay()
-    assert ex.forked[-1] == (4, "200:300")  # the second replay of the mismatch
-    observe.stop_requested(sim.view, signal.SIGTERM, sim.now, 120.0)
-    audits.heard(SaveResult(450, SaveReason.PREEMPTED, True, "/l/model.ckpt-450", None, 0.1, attempt=1))
-    sim.commit(450)
-    sim.dies(TRAINER, 42)
-    sim.tick(1.0)
-    assert sim.view.finishing
+    sim, audits, ex, said, told = _stopped_after_a_mismatch()
     sim.dies(AUDITOR, -15)  # the shutdown's SIGTERM: auditor 4 ends without its answer
     audits.round()
     last = [r for r in said if r.event == Event.AUDIT][-1]
