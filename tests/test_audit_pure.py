@@ -16,10 +16,11 @@ from procsv.watchdog.actionlines import restart_reports
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditQuarantine, AuditResult, SaveReason, SaveResult
 from procsv.watchdog.audit.auditors import Auditors, _record
+from procsv.watchdog.audit.carry import (carried, carry_in, kept_for_later)
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, MERGE_MAX, QUEUE_MAX, RETRIES, RETRY_MAX_SECS, RETRY_SECS,
-                                           SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Exactness, Replay, Verdict,
-                                           carried, carry_in, committed, died, end_wait, holds, kept_for_later, late,
-                                           next_replay, pending, replayed, rollback, rolled_back, seen, wrong_timeline)
+                                           SAMPLE_EVERY, AuditBook, AuditMode, AuditRollback, Exactness, Replay,
+                                           Verdict, committed, died, end_wait, holds, late, next_replay, pending,
+                                           replayed, rollback, rolled_back, seen, wrong_timeline)
 from procsv.watchdog.publish.events import Event, Report
 from procsv.watchdog.publish.metrics import spike_families
 from procsv.watchdog.publish.runmetrics import StepRate, take_snapshot

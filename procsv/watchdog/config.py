@@ -177,7 +177,7 @@ def program_fingerprint(target: str, args: list[str], cwd: str) -> str:
     """What the training program is, for the audit's intervals carried to the next launch (issue 71): TARGET, its
     arguments and a digest of its own source file (a module's as found from ``cwd``; empty when none is found). A
     replay by another program, or with other arguments, would differ from an earlier launch's checkpoints without a
-    fault: such intervals are not carried in (:func:`procsv.watchdog.audit.verdict.carry_in`)."""
+    fault: such intervals are not carried in (:func:`procsv.watchdog.audit.carry.carry_in`)."""
     path: Optional[str] = os.path.join(cwd, target) if target.endswith(".py") or os.sep in target else None
     if path is None:
         sys.path.insert(0, cwd)
@@ -201,7 +201,7 @@ def platform_fingerprint() -> str:
     version, the CPU's model, a digest of its flags (the instruction sets the kernels are chosen by) and the CPUs
     this process may run on (the threads a kernel splits its work over). An interval committed on another kind of
     machine, or by another TensorFlow, could replay otherwise without a fault: a false verdict rolling the user's
-    work back (:func:`procsv.watchdog.audit.verdict.carry_in`); said in the line that leaves it unaudited."""
+    work back (:func:`procsv.watchdog.audit.carry.carry_in`); said in the line that leaves it unaudited."""
     try:
         tf = importlib.metadata.version("tensorflow")
     except importlib.metadata.PackageNotFoundError:

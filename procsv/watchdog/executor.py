@@ -378,7 +378,7 @@ class Executor(Prewarmed):
         return float(used.user + used.system)
 
     def carry_audit(self, carried: dict[str, object]) -> None:
-        """Persist what ``--audit`` leaves the next launch (:func:`~procsv.watchdog.audit.verdict.carried`), on the
+        """Persist what ``--audit`` leaves the next launch (:func:`~procsv.watchdog.audit.carry.carried`), on the
         logdir writer thread (a stalled filesystem never holds the loop), atomically (write, fsync, rename)."""
         path = self.layout.audit_carry
         self.disk(lambda: write_json(path, carried))

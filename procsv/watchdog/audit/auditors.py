@@ -22,8 +22,8 @@ checkpoints that timeline committed after S1 (:func:`~procsv.watchdog.audit.verd
 The auditor runs only part of the time, stopped and continued as the duty cycle says
 (:mod:`procsv.watchdog.audit.duty`: pure, fed the trainer's :class:`~procsv.ipc.messages.Progress`), so that it
 costs the trainer at most half a percent of its steps. What a launch's end would leave unjudged
-(:func:`~procsv.watchdog.audit.verdict.carried`) is persisted at every commit and verdict through the executor, and an
-earlier launch's is put in the book at the start (:func:`~procsv.watchdog.audit.verdict.carry_in`): replayed first.
+(:func:`~procsv.watchdog.audit.carry.carried`) is persisted at every commit and verdict through the executor, and an
+earlier launch's is put in the book at the start (:func:`~procsv.watchdog.audit.carry.carry_in`): replayed first.
 
 One concern: performing the audit's decisions in the watchdog's loop (auditors, verdicts, rollbacks, what is kept).
 """
@@ -36,10 +36,10 @@ from typing import Callable, Optional
 from procsv.common.env import AUDIT
 from procsv.ipc.messages import AuditHold, AuditQuarantine, AuditResult, Hello, Message, Progress, Role, SaveResult
 from procsv.watchdog.audit import duty, stillness
+from procsv.watchdog.audit.carry import (carried, carry_in, kept_for_later)
 from procsv.watchdog.audit.verdict import (END_WAIT_SECS, AuditBook, AuditMode, Exactness, Judged, Replay, Verdict,
-                                           committed, carried, carry_in, died, end_wait, group_name, holds,
-                                           kept_for_later, late, next_replay, pending, replayed, rollback, rolled_back,
-                                           seen, stopping, unrolled, wrong_timeline)
+                                           committed, died, end_wait, group_name, holds, late, next_replay, pending,
+                                           replayed, rollback, rolled_back, seen, stopping, unrolled, wrong_timeline)
 from procsv.watchdog.executor import Executor
 from procsv.watchdog.rules.bookkeeping import note_audit_rollback
 from procsv.watchdog.publish.events import Event, Report
@@ -384,7 +384,7 @@ class Auditors:
                                 f"{wrong.reason}): moved to .procsv/quarantine/", err=True)])
 
     def _leave(self) -> None:
-        """What the audit would leave the next launch now (:func:`~procsv.watchdog.audit.verdict.carried`), persisted:
+        """What the audit would leave the next launch now (:func:`~procsv.watchdog.audit.carry.carried`), persisted:
         at every commit and every verdict (what it holds changes only then)."""
         if self.book.mode != AuditMode.OFF:
             self.ex.carry_audit(carried(self.book))
