@@ -1,4 +1,4 @@
-"""The death notice (procsv.common.mutex, trainer.deathnotice, watchdog.deathwatch) with real processes: SIGKILL, a crash and a clean exit of the mutex holder."""
+"""The death notice (procsv.common.mutex, trainer.ends.deathnotice, watchdog.deathwatch) with real processes: SIGKILL, a crash and a clean exit of the mutex holder."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from procsv.watchdog.deathwatch import DeathWatch
 HOLDER = """
 import os, sys, time
 from procsv.common import bootstrap
-from procsv.trainer import deathnotice
+from procsv.trainer.ends import deathnotice
 deathnotice.hold(bootstrap.read_config().death_mutex)
 print("held", flush=True)
 mode = sys.argv[1]

@@ -5,6 +5,9 @@ standby runs the program up to the session, so it started that server again on t
 held: TensorFlow's "Could not start gRPC server", five standby deaths in a row (with back-off) before
 procsv stopped preparing them. Now the first ends with ``EXIT_NO_STANDBY`` and the watchdog prepares none
 for the rest of the run; a SIGKILLed trainer's restart forks from the zygote and the run finishes.
+The program holds 1 GiB, as a real trainer holds its weights: the dead trainer's teardown then releases the port
+0.2-0.7 s after the restart's fork at load 12, and the restart, forked on the death notice, waits for it (procsv.trainer.ends.predecessors.py;
+without that wait the restart failed "Could not start gRPC server" in 3 of 3 runs).
 Real processes: a launch, the program's real gRPC server, a real SIGKILL.
 """
 
@@ -28,7 +31,8 @@ def test_a_program_with_its_own_server_gets_no_hot_standby_and_a_killed_trainer_
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     ended_file = os.path.join(logdir, "at-exit.txt")
-    proc = launch(logdir, "--port", str(port), "--steps", "300", "--at-exit", ended_file, target=OWN_SERVER)
+    proc = launch(logdir, "--port", str(port), "--steps", "300", "--at-exit", ended_file, "--ballast-mb", "1024",
+                  target=OWN_SERVER)
     try:
         wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "exited" and e["role"] == "standby"], 120,
                  what="the standby's end")

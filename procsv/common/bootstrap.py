@@ -75,6 +75,11 @@ def _pid(raw: Optional[str]) -> Optional[int]:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
+def _pids(raw: str) -> tuple[int, ...]:
+    """``"4120,4188"`` as pids (unset or empty: none; anything not a pid is passed over)."""
+    return tuple(int(p) for p in raw.split(",") if p.strip().isdigit() and int(p) > 0)
+
+
 def _steps(raw: str) -> tuple[int, ...]:
     """``"40,70"`` as steps (unset or empty: none; anything not a step is passed over)."""
     return tuple(sorted({int(p.strip()) for p in raw.split(",") if p.strip().isdigit()}))
@@ -239,6 +244,7 @@ class ChildConfig:
     parent_pid: Optional[int] = None  # PROCSV_PARENT_PID: the process it dies with (None: unset or not a pid)
     supervisor_pid: Optional[int] = None  # PROCSV_SUPERVISOR_PID: the process that started it
     death_mutex: Optional[str] = None  # PROCSV_DEATH_MUTEX
+    predecessors: tuple[int, ...] = ()  # PROCSV_PREDECESSORS: this host's earlier trainer processes not reaped yet
     preempt_signal: Optional[int] = None  # PROCSV_PREEMPT_SIGNAL
     place: Place = Place()
     group: GroupConfig = GroupConfig()
@@ -271,6 +277,7 @@ class ChildConfig:
             parent_pid=_pid(environ.get(env.PARENT_PID)),
             supervisor_pid=_pid(environ.get(env.SUPERVISOR_PID)),
             death_mutex=environ.get(env.DEATH_MUTEX) or None,
+            predecessors=_pids(environ.get(env.PREDECESSORS, "")),
             preempt_signal=int(preempt) if preempt.isdigit() else None,
             place=Place.parse(environ),
             group=GroupConfig.parse(environ),

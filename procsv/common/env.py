@@ -19,6 +19,7 @@ PARENT_PID = "PROCSV_PARENT_PID"  # the process the child must die with
 SUPERVISOR_PID = "PROCSV_SUPERVISOR_PID"  # the process that started the child (the watchdog, a node agent): its stops
 WATCHDOG = "PROCSV_WATCHDOG"  # "1" when a watchdog supervises this child
 DEATH_MUTEX = "PROCSV_DEATH_MUTEX"  # the trainer's death-notice mutex file
+PREDECESSORS = "PROCSV_PREDECESSORS"  # "pid,pid": this host's earlier trainer processes not reaped yet (a trainer waits for their end)
 ZYGOTE_FDS = "PROCSV_ZYGOTE_FDS"  # "read,write,say": the zygote's control pipe, its parent's stderr
 PRELOAD = "PROCSV_PRELOAD"  # comma-separated modules the zygote imports too
 CHECKPOINT_NICE = "PROCSV_CHECKPOINT_NICE"  # the checkpoint service's nice increment (default 10)
@@ -62,7 +63,7 @@ EXIT_CODE = "PROCSV_EXIT_CODE"  # the launch's exit code
 RUN_STATE = "PROCSV_RUN_STATE"  # failed
 ROOT_CAUSE = "PROCSV_ROOT_CAUSE"  # one line: what ended the run (status.json's last_error)
 
-ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, ZYGOTE_FDS, PRELOAD,
+ALL = (LOGDIR, RUNTIME_DIR, ROLE, ATTEMPT, CONFIG_VERSION, PARENT_PID, SUPERVISOR_PID, WATCHDOG, DEATH_MUTEX, PREDECESSORS, ZYGOTE_FDS, PRELOAD,
        CHECKPOINT_NICE, CHECKPOINT_FAILURE_LIMIT, SAVE_DEADLINE, SUMMARY_DEADLINE, ALLOW_REINIT, FAULT, EXIT_CODE,
        RUN_STATE, ROOT_CAUSE, MEMORY_SNAPSHOTS, STANDBY, AUDIT, SHADOW_RUN, SHADOW_MEMORY, RANK, NPROC, GROUP_HOSTS, GROUP_PIN, GROUP_SNAPSHOT_STEPS, GROUP_PEER_BIND, GROUP_PEER_MAX_BYTES, GROUP_REMOTE,
        ON_NONFINITE, ON_SPIKE, MAX_SKIPS, SKIP_WINDOW,

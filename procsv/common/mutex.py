@@ -1,7 +1,7 @@
 """A robust, process-shared pthread mutex: the mechanism behind the trainer's death notice.
 
 Used by two processes: the trainer holds the mutex for its whole life
-(:mod:`procsv.trainer.deathnotice`, first thing in ``procsv.trainer``) and releases it only on a
+(:mod:`procsv.trainer.ends.deathnotice`, first thing in ``procsv.trainer``) and releases it only on a
 clean exit; the watchdog waits on it in a thread (:mod:`procsv.watchdog.deathwatch`). When the trainer dies any other way -- SIGKILL, a
 crash, an uncaught exception -- the kernel marks the mutex "owner died" and wakes the waiter
 while the dying thread exits, *before* the process's memory is torn down. Measured here: about

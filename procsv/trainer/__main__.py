@@ -23,7 +23,8 @@ from typing import Optional
 from procsv.common import bootstrap, lossyio
 from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
-from procsv.trainer import deathnotice, outcome
+from procsv.trainer import outcome
+from procsv.trainer.ends import deathnotice, predecessors
 from procsv.trainer.group import heartbeat_bound
 from procsv.trainer.standby import priority, servers
 from procsv.trainer.standby import wait as standby_wait
@@ -46,6 +47,8 @@ def main() -> int:
         idle = priority.idle_for_good()
         print(f"procsv: auditor of steps {config.audit[0]}-{config.audit[1]} at "
               f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority", flush=True)
+    else:  # the trainer processes this one replaces released what they held (a port, a lock) before the program runs
+        predecessors.wait_gone(config.predecessors)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import zmq
 
 from procsv.common import spawn
 from procsv.cluster import make_tf_config
-from procsv.common.env import (ALLOW_REINIT, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
+from procsv.common.env import (ALLOW_REINIT, PREDECESSORS, CHECKPOINT_FAILURE_LIMIT, GROUP_HOSTS, GROUP_PEER_BIND, GROUP_PIN, GROUP_REMOTE,
                                GROUP_SNAPSHOT_STEPS, NPROC, RANK, SHADOW_MEMORY, SHADOW_RUN, STANDBY as STANDBY_ENV)
 from procsv.common.bootstrap import Resume
 from procsv.common.layout import Layout, RuntimeDir, atomic_write, promotion_file, read_json, write_json
@@ -329,6 +329,8 @@ class Executor(Prewarmed):
         name = slot if role == WORKER else (worker_slot(rank) if rank else TRAINER) if role == STANDBY else role
         env = self._env(name, attempt)
         env.update(extra)
+        if role != STANDBY:  # (a standby runs beside the trainer it may replace)
+            env[PREDECESSORS] = ",".join(map(str, self._predecessors(attempt)))
         log_path = self.layout.attempt_log(name, attempt)
         mutex = death_mutex(self.runtime.standby_mutex(attempt, rank) if role == STANDBY
                             else self.runtime.trainer_mutex(attempt, rank), env)
@@ -338,6 +340,14 @@ class Executor(Prewarmed):
             return self._fresh(slot, role, attempt, env, log_path, mutex)
         if mutex is not None:  # no standby this time: no process will hold its mutex
             mutex.remove()
+
+    def _predecessors(self, attempt: int) -> list[int]:
+        """This host's trainer processes of attempts before ``attempt`` not reaped yet (dead, their teardown still
+        releasing what they held, or being killed): the new attempt's program starts once they are gone
+        (:mod:`procsv.trainer.ends.predecessors`). A standby or an auditor is not one: it runs beside the trainer."""
+        return sorted(h.pid for (slot, older), h in self.handles.items()
+                      if older < attempt and slot in self.view.children
+                      and self.view.children[slot].role in (TRAINER, WORKER))
 
     def fork_auditor(self, attempt: int, extra: dict[str, str], members: int = 1) -> bool:
         """Ask the zygote for auditor ``attempt`` (issue 71: a trainer process of its own role, told its interval in

@@ -4,6 +4,8 @@ runs its session on that server's target (tests/test_standby_own_server.py).
 
     --port P --steps N --step-delay S --logdir DIR
     --at-exit FILE   an atexit handler, registered before the server, appends "atexit <pid>" to FILE
+    --ballast-mb M   M MiB held once the server is up, as a real trainer's weights and buffers are: its teardown
+                     after a SIGKILL, which releases the port last, takes ~0.1 s per GiB
 """
 
 import argparse
@@ -19,6 +21,7 @@ p.add_argument("--steps", type=int, default=200)
 p.add_argument("--step-delay", type=float, default=0.02)
 p.add_argument("--logdir", default=None)
 p.add_argument("--at-exit", default=None)
+p.add_argument("--ballast-mb", type=int, default=0)
 args = p.parse_args()
 
 if args.at_exit:  # the program's end: a hot standby that ends before its promotion never runs it
@@ -34,6 +37,7 @@ if args.at_exit:  # the program's end: a hot standby that ends before its promot
 tf.compat.v1.disable_eager_execution()
 cluster = tf.train.ClusterSpec({"worker": [f"localhost:{args.port}"]})
 server = tf.distribute.Server(cluster, job_name="worker", task_index=0)  # the port only one process may hold
+ballast = bytearray(b"\1") * (args.ballast_mb << 20)  # (every page written: the kernel frees each at the end)
 with tf.Graph().as_default():
     w = tf.compat.v1.Variable(0.0, name="w")
     gs = tf.compat.v1.train.get_or_create_global_step()
