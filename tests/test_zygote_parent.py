@@ -41,6 +41,9 @@ def test_a_fork_reply_later_than_the_limit_costs_no_live_trainer(logdir):
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
         zygote = _zygote_pid(logdir)
         first = wait_role_pid(logdir, "trainer")
+        # the standby (forked by the zygote, at SCHED_IDLE) is a process group of its own (killpg) in the zygote's
+        # session, not a session of its own: with autogroups every session is a scheduling group of equal weight
+        assert os.getpgid(ready["pid"]) == ready["pid"] and os.getsid(ready["pid"]) == os.getsid(zygote)
         os.kill(zygote, signal.SIGSTOP)  # alive, but it answers no fork now
         os.kill(first, signal.SIGKILL)  # the standby is promoted; the next standby is asked of the zygote
         wait_for(lambda: [e for e in _events(logdir, "spawned") if e.get("via") == "standby"], 60, what="the promotion")

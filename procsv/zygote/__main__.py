@@ -10,7 +10,10 @@ is re-parented to the zygote's parent (a child subreaper), which reaps it itself
 waits for that re-parenting and the reply (the zygote then says so on the socket pair it shares with the
 trainer and closes its end: so the reply comes before any message of the trainer's; a zygote killed before
 it replied, given up on, says nothing, and the trainer exits without running), arms its parent-death signal on the zygote's parent
-(checking after that it still is its parent), takes a new session, its own log file and the attempt's
+(checking after that it still is its parent), takes a process group of its own in the zygote's session (not a
+session of its own: with the kernel's autogroups every session is a scheduling group of equal weight, and an auditor's
+or a hot standby's ``SCHED_IDLE`` is idle only inside its group; in the zygote's session, the trainer's too, they take
+only the CPU the trainer leaves), its own log file and the attempt's
 environment, and runs ``procsv.trainer`` exactly as a freshly spawned trainer would, minus the
 ~4 s import (a request whose target is ``procsv.ps_server`` makes a ``--ps`` parameter server
 instead). Nothing the zygote forked depends on it afterwards: a slow, stopped or killed zygote
@@ -221,7 +224,7 @@ def _become_trainer(req: ForkRequest, theirs: int, say: int, parent_pid: Optiona
     if parent_pid is None:
         return 70
     raw = str(parent_pid)
-    os.setsid()
+    os.setpgid(0, 0)  # (a group of its own for killpg, in the zygote's session: one autogroup with the trainer's)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     if req.env.get(env.STANDBY) != "1" and not _leaves_stops_to_supervisor(req.env, parent_pid):
