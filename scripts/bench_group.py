@@ -25,7 +25,8 @@ once among its members (``warm+step``): what a pre-warmed group would bring (``s
 beside procsv's in the same run. ``--hosts`` (root): (a) again with worker1 on a second "host", a network namespace on a veth bridge
 under its node agent (``--nnodes 2``), each run with ``--standby hot`` (a standby group over both hosts, issue 70)
 and with ``--standby fork`` (each restart forks the group: the default with --nnodes), interleaved; their MTTR and
-breakdown are printed side by side and as ``host_mttr_s`` and ``host_fork_mttr_s`` (a kill with ``hot`` not promoted
+breakdown are printed side by side and as ``host_mttr_s`` and ``host_fork_mttr_s``, with each restore's source (``--victim
+chief``: node 0's member SIGKILLed instead, ``host_chief_mttr_s`` and ``host_chief_fork_mttr_s``; a kill with ``hot`` not promoted
 from the standby group fails the run; ``--no-elastic``: (h) not run; ``--local-repeats 0``: no run of (a) on one
 host); and (h) an elastic group
 (``--min-nodes 1``) losing that host for good and taking it back, beside the rejoin without ``--min-nodes``
@@ -146,9 +147,9 @@ def step_at_least(logdir: str, step: int) -> bool:
     return int(status(logdir).get("step") or 0) >= step
 
 
-def worker_pid(logdir: str, attempt: int) -> Optional[int]:
+def worker_pid(logdir: str, attempt: int, role: str = "worker1") -> Optional[int]:
     return next((int(p["pid"]) for p in status(logdir).get("processes", [])
-                 if p["role"] == "worker1" and p.get("attempt") == attempt and p.get("state") != "exited"), None)
+                 if p["role"] == role and p.get("attempt") == attempt and p.get("state") != "exited"), None)
 
 
 def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
@@ -256,11 +257,13 @@ def standby_group_ready(logdir: str, attempt: int) -> bool:
     return len([e for e in events(logdir) if e["event"] == "standby_ready" and e["attempt"] == attempt]) >= 2
 
 
-def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict[str, Any]:
+def group_kills(logdir: str, hosts: bool = False, standby: str = "auto", victim: str = "worker1") -> dict[str, Any]:
     """(a) one procsv run: KILLS SIGKILLs of worker1, each MTTR with its breakdown; the run's correctness.
     ``hosts``: worker1 runs on a second "host" (a network namespace) under its node agent. ``standby``:
     ``--standby`` (``auto``, or ``hot`` over two hosts: each kill waits for the standby group; ``fork``: each
-    restart forks the group)."""
+    restart forks the group). ``victim``: ``worker1``, or ``chief`` (node 0's member, the ``trainer``: its
+    ``detect`` its death noticed, its ``stop`` worker1's end). Each row says where the restore came from
+    (``source``: ``memory``, ``peer``, ``disk``)."""
     steps = GAP * (KILLS + 1) + 400
     example = [*EXAMPLE, "--steps", str(steps), "--save-model-secs", "1"]
     agent: Optional[subprocess.Popen[bytes]] = None
@@ -278,13 +281,14 @@ def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict
             wait(lambda: step_at_least(logdir, first["step"] + GAP), 120, "training before the kill")
             if standby != "fork":  # (two hosts: --standby hot, a standby group over both; auto is fork there)
                 wait(lambda: standby_group_ready(logdir, a + 1), 180, f"the standby group for attempt {a + 1}")
-            pid = wait(lambda: worker_pid(logdir, a), 30, "worker1's pid")
+            role, other = ("trainer", "worker1") if victim == "chief" else ("worker1", "trainer")
+            pid = wait(lambda: worker_pid(logdir, a, role), 30, f"{role}'s pid")
             t_kill = time.time()
             os.kill(pid, signal.SIGKILL)
             nxt = wait(lambda: chief_first_step(logdir, a + 1), 120, "the restarted group's first step")
             ev = events(logdir)
-            dead = find(ev, "death_noticed", role="worker1", attempt=a) or find(ev, "exited", role="worker1", attempt=a)
-            chief = find(ev, "exited", role="trainer", attempt=a)
+            dead = find(ev, "death_noticed", role=role, attempt=a) or find(ev, "exited", role=role, attempt=a)
+            chief = find(ev, "exited", role=other, attempt=a)  # (the survivor's end: the chief's, or worker1's)
             spawned = [find(ev, "spawned", role=r, attempt=a + 1) for r in ("trainer", "worker1")]
             restored = find(ev, "restored", pid=nxt["pid"])
             if dead is None or chief is None or None in spawned or restored is None:
@@ -299,7 +303,7 @@ def group_kills(logdir: str, hosts: bool = False, standby: str = "auto") -> dict
             built = woken if promoted else restored["prepared_at"] + restored["warm_secs"]
             marks = [t_kill, dead["noticed"], chief["noticed"], woken, woken if promoted else up, built,
                      restored["time"], nxt["time"]]
-            rows.append({"mttr": nxt["time"] - t_kill, "promoted": float(promoted),
+            rows.append({"mttr": nxt["time"] - t_kill, "promoted": float(promoted), "source": restored.get("source"),
                          **{k: marks[i + 1] - marks[i] for i, k in enumerate(PARTS)}})
         proc.wait(300)  # the run trains on to --steps and ends by itself
     finally:
@@ -434,7 +438,8 @@ def stall_trial(logdir: str) -> dict[str, Any]:
             "left": leftovers(logdir)}
 
 
-def two_host_kills(root: str, repeats: int, failures: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def two_host_kills(root: str, repeats: int, failures: list[str],
+                   victim: str = "worker1") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``--hosts``: ``repeats`` runs of (a) with worker1 on a second "host" (made for them), each with ``--standby
     hot`` (a standby group over both hosts, issue 70) and with ``--standby fork`` (each restart forks the group, the
     default with --nnodes), interleaved; a run that did not finish at --steps with exit 0 is added to ``failures``.
@@ -444,21 +449,22 @@ def two_host_kills(root: str, repeats: int, failures: list[str]) -> tuple[list[d
     with second_host():
         for r in range(repeats):
             for way in ("hot", "fork") if r % 2 == 0 else ("fork", "hot"):
-                run = group_kills(os.path.join(root, f"h{r}{way}"), hosts=True, standby=way)
+                run = group_kills(os.path.join(root, f"h{r}{way}"), hosts=True, standby=way, victim=victim)
                 (hot if way == "hot" else forks).append(run)
                 if not run["ok"]:
                     failures.append(f"(a, two hosts, --standby {way}) run {r + 1} did not finish at --steps with "
                                     "exit 0")
-                print(f"two hosts (--standby {way}), repeat {r + 1}: group MTTR per kill "
+                print(f"two hosts (--standby {way}, {victim} SIGKILLed), repeat {r + 1}: group MTTR per kill "
                       f"{[round(x['mttr'], 3) for x in run['rows']]} s; promoted "
-                      f"{sum(int(x['promoted']) for x in run['rows'])} of {len(run['rows'])}; load "
+                      f"{sum(int(x['promoted']) for x in run['rows'])} of {len(run['rows'])}; restored from "
+                      f"{[x['source'] for x in run['rows']]}; load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
     return hot, forks
 
 
 def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: list[float], failures: list[str],
                 left: int, host_runs: list[dict[str, Any]], host_loss_line: str,
-                host_forks: Optional[list[dict[str, Any]]] = None) -> int:
+                host_forks: Optional[list[dict[str, Any]]] = None, victim: str = "worker1") -> int:
     """``--mttr-only``: (a)'s table, the standby group's runs beside ``--standby fork``'s and (``--hosts``) the
     two-host runs' MTTR; (``--host-loss``) the table of (g) printed before, its ``hostloss_*`` figures last."""
     med = statistics.median
@@ -478,7 +484,8 @@ def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: l
         print(f"bench_group: FAILED: {f}", file=sys.stderr)
     host_forks = host_forks or []
     if host_runs:
-        print(f"{'(a) two hosts (worker1 on host 1)':<46} {'standby group (hot)':>22} {'--standby fork':>22}")
+        killed = "node 0's chief" if victim == "chief" else "worker1 on host 1"
+        print(f"{f'(a) two hosts ({killed} SIGKILLed)':<46} {'standby group (hot)':>22} {'--standby fork':>22}")
         for key, name in (("mttr", "MTTR, s"), ("detect", "  detect"), ("stop", "  stop survivors"),
                           ("spawn", "  spawn / promote"), ("tf", "  TF start-up"), ("build", "  build"),
                           ("restore", "  restore"), ("first", "  first step")):
@@ -487,6 +494,9 @@ def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: l
               f"{sum(int(x['promoted']) for r in host_runs for x in r['rows']):>15} of "
               f"{sum(len(r['rows']) for r in host_runs):<3} {sum(int(x['promoted']) for r in host_forks for x in r['rows']):>15} of "
               f"{sum(len(r['rows']) for r in host_forks):<3}")
+        for name, rs in (("standby group", host_runs), ("--standby fork", host_forks)):
+            sources = [str(x["source"]) for r in rs for x in r["rows"]]
+            print(f"  {name}: restored from " + ", ".join(f"{s} {sources.count(s)}" for s in sorted(set(sources))))
         if any(not x["promoted"] for r in host_runs for x in r["rows"]):
             failures.append("(a, two hosts, --standby hot) a kill was not promoted from the standby group")
     mttr = [med([x["mttr"] for x in run["rows"]]) for run in runs]
@@ -495,8 +505,8 @@ def mttr_report(runs: list[dict[str, Any]], forks: list[dict[str, Any]], load: l
     host_fork = [med([x["mttr"] for x in run["rows"]]) for run in host_forks]
     print((f"group_mttr_s={med(mttr):.3f}" if mttr else "group_mttr_s=none")
           + (f" fork_mttr_s={med(fork):.3f}" if fork else "")
-          + (f" host_mttr_s={med(host):.3f}" if host else "")
-          + (f" host_fork_mttr_s={med(host_fork):.3f}" if host_fork else "")
+          + (f" host{'_chief' * (victim == 'chief')}_mttr_s={med(host):.3f}" if host else "")
+          + (f" host{'_chief' * (victim == 'chief')}_fork_mttr_s={med(host_fork):.3f}" if host_fork else "")
           + (f" {host_loss_line}" if host_loss_line else ""))
     return 1 if failures else 0
 
@@ -527,6 +537,8 @@ def main() -> int:
                    help="with --mttr-only: runs of (a) on one host (default --repeats; 0: only the two-host runs)")
     p.add_argument("--mttr-only", action="store_true",
                    help="(a) alone (no fresh pair, no (b), (c), (d)); with --hosts and --host-loss, those too")
+    p.add_argument("--victim", choices=("worker1", "chief"), default="worker1",
+                   help="with --hosts: (a)'s two-host runs SIGKILL this member (chief: node 0's, worker1: host 1's)")
     args = p.parse_args()
     import bench_group_tier as tier_bench  # (it imports this module's helpers)
     import bench_group_hosts as hosts_bench  # (so does it)
@@ -558,7 +570,7 @@ def main() -> int:
             bases.append(base := fresh_restarts(os.path.join(root, f"f{r}")))
             print(f"repeat {r + 1}: fresh restart {', '.join(format(x['total'], '.3f') for x in base)}", flush=True)
         if args.mttr_only:
-            host_runs, host_forks = two_host_kills(root, repeats, failures) if args.hosts else ([], [])
+            host_runs, host_forks = two_host_kills(root, repeats, failures, args.victim) if args.hosts else ([], [])
             elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts and not args.no_elastic \
                 else {}
             host_loss = hosts_bench.measure(os.path.join(root, "g"), repeats, rng) if args.host_loss else {}
@@ -568,10 +580,10 @@ def main() -> int:
             failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
             return mttr_report(runs, forks, load, failures, left, host_runs, " ".join(
                 x for x in (elastic_bench.report(elastic) if elastic else "",
-                            hosts_bench.report(host_loss) if host_loss else "") if x), host_forks)
+                            hosts_bench.report(host_loss) if host_loss else "") if x), host_forks, args.victim)
         warm = (bench_group_prewarm.measure(os.path.join(root, "p"), repeats, ("warm", "warm+step"))
                 if args.prewarm else {})
-        host_runs, host_forks = two_host_kills(root, repeats, failures) if args.hosts else ([], [])
+        host_runs, host_forks = two_host_kills(root, repeats, failures, args.victim) if args.hosts else ([], [])
         elastic = elastic_bench.measure(os.path.join(root, "e"), repeats) if args.hosts and not args.no_elastic else {}
         failures += elastic_bench.failures(elastic) if elastic else []  # (its leftovers too)
         left += sum(run["left"] for run in host_runs + host_forks)

@@ -173,8 +173,37 @@ def agent(logdir: str, addr: str, *target_args: str, opts: tuple[str, ...] = (),
 def _is_zygote(pid: int) -> bool:
     """Whether ``pid`` is a pre-warmed trainer: its log is a zygote's (a zygote grown from a seed shows its
     launch's command line, not ``procsv.zygote``)."""
+    return "/logs/zygote" in _log_of(pid)
+
+
+def _log_of(pid: int) -> str:
+    """Where ``pid``'s standard output goes ("" if it is gone)."""
     try:
-        return "/logs/zygote" in os.readlink(f"/proc/{pid}/fd/1")
+        return os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    """``pid``'s command line as the kernel keeps it: a process forked by a pre-warmed trainer keeps the
+    zygote's (no exec), a fresh one is ``python -m procsv.trainer ...``; "" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _waits_in_select(pid: int) -> bool:
+    """Whether a pre-warmed trainer waits in its loop for forks, ready: its main thread blocked in select(2)
+    (``procsv.zygote``'s loop, entered only after it wrote its ``ZygoteReady``; its imports never wait in select).
+    Its agent reads that message in the same turn as any start asked of it later (it pumps the pipe first)."""
+    import platform
+
+    calls = {"x86_64": {"23", "270"}, "aarch64": {"72"}}.get(platform.machine(), set())  # select, pselect6
+    try:
+        with open(f"/proc/{pid}/syscall") as fh:
+            return fh.read().split(" ", 1)[0] in calls
     except OSError:
         return False
 
@@ -682,7 +711,7 @@ def _zombies_of(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_kills_and_reaps_what_it_left_behind(
         hosts, logdir, tmp_path):
-    """One run, two things of node 1's member (worker1) SIGKILLed at step 30 (before, two runs).
+    """One run, three things of node 1's member (worker1) SIGKILLed at step 30, then again (before, two runs).
 
     Who broke the group: the chief on node 0 fails in its next collective. The group restarts, and the
     records, the report and the status name worker1 killed by SIGKILL as the cause of attempt 1's end (a
@@ -699,7 +728,11 @@ def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_
     subreaper but never swept, so the two that exited stayed zombies under it for the whole run and
     the sleeper outlived the member, the agent and the job. Node 1's pre-warmed trainer is SIGSTOPped
     before the kill: its fork answer is overdue, the agent gives it up (SIGKILL) and starts the member
-    fresh, and reaps it too within a sweep (before: a zombie under the agent until the job's end)."""
+    fresh, and reaps it too within a sweep (before: a zombie under the agent until the job's end).
+
+    Then the agent's new pre-warmed trainer (node 0's rule 13: 10 s after the loss) is used, not only started:
+    once it is ready, the fresh member is SIGKILLed, and the group's next member on node 1 is forked from it
+    (before the rule, the agent started none, and every later member of that host started fresh)."""
     addr = master_addr()
     args = (*PACED, "--steps", "1000000")
     marker = str(tmp_path / "helpers")
@@ -740,14 +773,36 @@ def test_a_member_of_node_1_sigkilled_is_named_the_groups_breaker_and_its_agent_
                     "zombies under the agent": _zombies_of(node1.pid)}
             raise AssertionError(f"the agent left its killed member's helpers {helpers[1]} "
                                  f"or its given-up zygote {zygote}: {left}") from None
+        # the agent's new pre-warmed trainer (node 0's rule 13, 10 s after the loss) is used: once it waits for
+        # forks, the fresh attempt 2 of worker1 is SIGKILLed, and attempt 3 is forked from it
+        anew = wait_for(lambda: next((c.pid for c in psutil.Process(node1.pid).children()
+                                      if _log_of(c.pid).endswith("/logs/zygote-node1.2.log")), None), 60,
+                        what="node 1's new pre-warmed trainer (10 s after the loss)")
+        wait_for(lambda: _waits_in_select(anew), 120, what="node 1's new pre-warmed trainer ready (in its loop)")
+        zcmd = _cmdline(anew)
+        second = next(r["pid"] for r in events(logdir, "spawned") if r["role"] == "worker1" and r["attempt"] == 2)
+        assert "procsv.trainer" in _cmdline(second), _cmdline(second)  # (started fresh: an interpreter of its own)
+        os.kill(second, signal.SIGKILL)
+        wait_for(lambda: os.path.exists(f"{marker}.3") and len(events(logdir, "first_step")) >= 3, 180,
+                 what="the group restarted again, node 1's member forked")
+        third = next(r["pid"] for r in events(logdir, "spawned") if r["role"] == "worker1" and r["attempt"] == 3)
+        forked = _cmdline(third)
+        with open(f"{marker}.3") as fh:
+            helpers[3] = [int(p) for p in fh.read().split()]
         master.send_signal(signal.SIGTERM)
         code, out, err = finish(master, timeout=120)
     finally:
         acode, aerr = end_job(master, node1, code)
     assert code == 143 and acode == 143, (err, aerr)
     said = re.findall(r"^procsv node 1: killed \d+ process\(es\) the run left behind \(pids ([\d, ]+)\)$", aerr, re.M)
-    assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2]}, aerr
-    assert all(gone(p) for p in helpers[2]), helpers  # the second member's, at the job's end
+    assert {int(p) for pids in said for p in pids.split(", ")} == {*helpers[1], *helpers[2], *helpers[3]}, aerr
+    assert all(gone(p) for p in [*helpers[2], *helpers[3]]), helpers  # the second's at its kill, the third's at the end
+    # attempt 3 of node 1's member was forked by the new pre-warmed trainer (its image: no interpreter of its own;
+    # before, the agent never started one and every later member of that host started fresh), which the agent said
+    assert forked == zcmd and "procsv.zygote" in zcmd, (forked, zcmd)
+    assert re.search(r"^procsv node 1: a new pre-warmed trainer \(pid \d+, its log zygote-node1\.2\.log\): this host's "
+                     r"members are forked again once it is ready$", aerr, re.M), aerr
+    assert aerr.count("this host's members start fresh until a new one is ready") == 1, aerr  # (one loss only)
     wait_for(lambda: not host_pids(), 10, what="no process of the job left")
     # who broke the group: worker1, killed, as the records, the status, the report and node 0 say
     from procsv.report import gather, render as render_report
