@@ -60,7 +60,7 @@ import zmq
 
 from procsv.cluster import make_tf_config
 from procsv.common import spawn
-from procsv.common.env import RANK
+from procsv.common.env import PREDECESSORS, RANK
 from procsv.common.layout import Layout, RuntimeDir, release_runtime_dir
 from procsv.common.spawn import free_ports
 from procsv.ipc.codec import ProtocolError, encode
@@ -516,6 +516,9 @@ class NodeAgent(Prewarmed):
                                   runtime_dir=self.runtime, supervised=True)
             env.update(msg.env)  # a --ps worker's carries its whole TF_CONFIG; a group member's is built here
             env.update({"TF_CONFIG": msg.env.get("TF_CONFIG") or make_tf_config(msg.cluster, rank), RANK: str(rank)})
+            if not msg.standby:  # its program starts once this host's earlier members are gone (trainer/ends/predecessors)
+                env[PREDECESSORS] = ",".join(str(m.pid) for m in self.members.values()
+                                             if m.attempt < msg.attempt and not m.slot.startswith(STANDBY))
             pending = PendingFork(slot, msg.attempt, env, self.layout.attempt_log(name, msg.attempt), None,
                                   STANDBY if msg.standby else WORKER, rank)
             if not self.ask_zygote(pending, self.cfg.target, self.cfg.args, self.cfg.cwd):
