@@ -46,7 +46,7 @@ def main() -> int:
     authority = supervisor(config)
     # the import with the cyclic collector off, as the zygote's (procsv.zygote.__main__): its objects outlive
     # it, and the collector visiting them again and again was a tenth to a fifth of the import's CPU, in each
-    # server a --coordinator job starts (every one fresh) and each one a restart starts again
+    # server started fresh (a --coordinator job's restarted ones; any one while the pre-warmed trainer is not ready)
     gc.disable()
     try:
         import tensorflow as tf

@@ -193,7 +193,8 @@ def test_a_zygote_stopped_with_a_fork_pending_is_replaced_and_its_late_resume_an
     """--standby fork: the zygote is SIGSTOPped and the trainer SIGKILLed: the deadline fires once, attempt
     2 starts fresh, a new zygote is started (rule 13); the old one SIGCONTed after that answers nothing
     (SIGKILLed while stopped), and attempt 3 is forked by the new zygote."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
+    # (steps of 50 ms, not 10: the test waits for zygotes and first steps, tens of seconds, and counts no step)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.05", target=TINY, opts=("--standby", "fork"))
     zygote = 0
     try:
         wait_for(lambda: _events(logdir, "zygote_ready"), 120, what="the zygote to be ready")

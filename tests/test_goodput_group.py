@@ -1,7 +1,7 @@
 """Where the time went per task (issue 53, point 4), on a real group: ``procsv launch --nproc 2``
-(two trainer processes in MultiWorkerMirroredStrategy) whose worker is SIGKILLed once (the run of
-``tests/test_standby_group.py``'s ``standby_member_then_worker_killed``, made once per session: a
-standby member is SIGKILLed before, and the ready standby group replaces the group). Each task
+(two trainer processes in MultiWorkerMirroredStrategy) whose worker, then chief, is SIGKILLed (the run of
+``tests/test_standby_group.py``'s ``standby_member_worker_then_chief_killed``, made once per session: a
+standby member is SIGKILLed before, and the ready standby group replaces the group each time). Each task
 (the chief ``trainer``, the worker ``worker1``) has its own breakdown, from what the watchdog
 already hears of every member (its spawn, its restore, its Progress, its end): the kinds sum to
 each task's wall time within 1 %, and ``procsv report`` prints a row per task and names the one
@@ -16,30 +16,30 @@ import pytest
 
 from conftest import REPO, lifecycle, quiet_env, run_python
 from procsv import goodput as gp
-from test_standby_group import standby_member_then_worker_killed
+from test_standby_group import standby_member_worker_then_chief_killed
 
 pytestmark = pytest.mark.slow
 
-__all__ = ["standby_member_then_worker_killed"]  # the fixture, used by name
+__all__ = ["standby_member_worker_then_chief_killed"]  # the fixture, used by name
 
 
 def test_a_group_with_a_killed_worker_breaks_down_per_task_and_the_report_names_the_costliest(
-        standby_member_then_worker_killed):
-    """Each task of a group whose worker1 was SIGKILLed once has a breakdown of its own whose kinds sum to
+        standby_member_worker_then_chief_killed):
+    """Each task of a group whose worker1, then chief, was SIGKILLed has a breakdown of its own whose kinds sum to
     its wall time (productive, startup and redone time in each); ``procsv report`` prints a row per task
     and names the costliest; report.json's ``run`` holds each task's too."""
-    logdir, run = standby_member_then_worker_killed
+    logdir, run = standby_member_worker_then_chief_killed
     assert not run["leftovers"], f"processes of the run were left behind: {run['leftovers']}"
     assert run["code"] == 0, run["err"]
 
     events = lifecycle(logdir)
     trained = sorted((e["role"], e["attempt"]) for e in events if e["event"] == "trained")
-    assert trained == [("trainer", 1), ("trainer", 2), ("worker1", 1), ("worker1", 2)], trained
+    assert trained == [(role, attempt) for role in ("trainer", "worker1") for attempt in (1, 2, 3)], trained
     assert gp.tasks(events) == ["trainer", "worker1"]
     rows = []
     for task in ("trainer", "worker1"):
         launches = gp.launches_from_events(events, task=task)
-        assert [len(la.attempts) for la in launches] == [2], (task, launches)
+        assert [len(la.attempts) for la in launches] == [3], (task, launches)
         assert all(a.ready is not None and a.first_step is not None for a in launches[0].attempts), (task, launches)
         _, b = gp.run_breakdown(launches)
         assert abs(sum(b.secs.values()) - b.wall) <= 0.01 * b.wall, (task, b.secs)

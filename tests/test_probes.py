@@ -139,7 +139,8 @@ def test_a_launch_is_ready_after_its_first_step_and_unhealthy_while_its_loop_sta
     /healthz is 200 while the loop turns, 503 after 10 s without a round, 200 again once it turns,
     and 200 through the orderly stop that SIGTERM starts."""
     gate, port = str(tmp_path / "gate"), free_port()
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY,
+    # (steps of 50 ms, not 10: the test waits for the loop's stall, over 10 s, and counts no step)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.05", target=TINY,
                   opts=("--metrics-port", str(port), "--standby", "fork", "--quiet"),
                   env=quiet_env(PROCSV_FAULT="watchdog:loop_stall", PROCSV_FAULT_GATE=gate))
     stopped = False

@@ -79,6 +79,49 @@ def test_the_coordinator_is_the_chief_task_and_the_workers_are_servers() -> None
     assert json.loads(ex.started[0][3]["TF_CONFIG"])["cluster"] == addresses
 
 
+class ReadyZygote(FakeStarter):
+    """... with the pre-warmed trainer ready: records each fork asked of it (slot, role, rank), as asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forks: list[tuple[str, str, int]] = []
+
+    def fork(self, pending: object, target: str, args: object) -> bool:
+        assert target == "procsv.ps_server" and list(args) == [], (target, args)  # type: ignore[call-overload]
+        self.forks.append((pending.slot, pending.role, pending.rank))  # type: ignore[attr-defined]
+        self.started.append((pending.slot, pending.role, "forked", pending.env))  # type: ignore[attr-defined]
+        return True
+
+
+def test_each_servers_first_start_is_forked_from_the_pre_warmed_trainer_and_its_restart_is_fresh() -> None:
+    """Each server of a --coordinator cluster starts forked from the pre-warmed trainer when it is ready (it serves
+    without importing TensorFlow, about 2.3 s of CPU less), answered under a rank of its own (a parameter server's
+    1000 + i, a worker server's 1500 + i: the coordinator's is 0); a server restarted alone starts fresh (forked there,
+    a parameter server's restart left the restarted coordinator stepping no more, a worker server's came back before
+    the coordinator had stepped without it)."""
+    from types import SimpleNamespace
+
+    ex = ReadyZygote()
+    ex.layout = Logs()  # type: ignore[assignment]
+    cluster = PsCluster(2, 2, coordinator=True)
+    cluster.start(ex, TRAINER, TRAINER)  # type: ignore[arg-type]
+    assert [(slot, role, how) for slot, role, how, _ in ex.started] == [
+        ("ps0", PS, "forked"), ("ps1", PS, "forked"), ("worker0", SERVER, "forked"), ("worker1", SERVER, "forked"),
+        (TRAINER, TRAINER, "member")]
+    assert ex.forks == [("ps0", PS, 1000), ("ps1", PS, 1001), ("worker0", SERVER, 1500), ("worker1", SERVER, 1501)]
+    for slot in ("ps0", "worker1"):  # restarted alone: attempt 2, fresh
+        ex.started.clear()
+        ex.view.children[slot] = SimpleNamespace(attempt=1)  # type: ignore[assignment]
+        cluster.start(ex, slot, PS if slot == "ps0" else SERVER)  # type: ignore[arg-type]
+        assert [(s, r, how) for s, r, how, _ in ex.started] == [(slot, PS if slot == "ps0" else SERVER, "fresh")]
+    assert len(ex.forks) == 4
+    tf1 = ReadyZygote()  # TF1 mode (no --coordinator): a parameter server is forked at a restart too
+    tf1.layout = Logs()  # type: ignore[assignment]
+    tf1.view.children["ps0"] = SimpleNamespace(attempt=1)  # type: ignore[assignment]
+    PsCluster(1, 2).start(tf1, "ps0", PS)  # type: ignore[arg-type]
+    assert tf1.forks == [("ps0", PS, 1000)]
+
+
 class CoordinatorSim(PsSim):
     """A --coordinator launch: the first trainer start starts ``ps0``, ``worker0`` and ``worker1``
     (servers) and the coordinator."""

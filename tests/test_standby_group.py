@@ -1,11 +1,13 @@
 """The standby group (``procsv launch --nproc 2`` on one host) with real processes, real collectives and real SIGKILLs.
 
-Each test launches ``procsv.examples.digits --strategy multiworker`` as a group of two, waits until
-the watchdog's standby group (two members forked with the next attempt's ``TF_CONFIG``) says it is
-ready, SIGKILLs a member, and reads the outcome back from the lifecycle log, the members' logs and
-the final checkpoint (with plain TensorFlow), against an uninterrupted group run. The run whose
-standby member, then worker1, is SIGKILLed is made once per session (``shared_result``):
-``tests/test_goodput_group.py`` reads its per-task breakdown.
+One launch of ``procsv.examples.digits --strategy multiworker`` as a group of two, made once per session
+(``shared_result``): it waits until the watchdog's standby group (two members forked with the next attempt's
+``TF_CONFIG``) says it is ready and SIGKILLs one of its members while it waits; once the group prepared anew is
+ready, worker1 mid-interval; once the next standby group is ready, the promoted chief mid-interval. Its tests read
+the outcome back from the lifecycle log, the members' logs and the final checkpoint (with plain TensorFlow), against
+an uninterrupted group run; ``tests/test_goodput_group.py`` reads its per-task breakdown. (Before, the worker-then-chief
+kills were a launch of their own, 200 steps compared with the clean run's checkpoint of step 200: about 10 CPU-s, most
+of it the members and standby groups starting, which the shared run starts anyway.)
 """
 
 from __future__ import annotations
@@ -18,26 +20,21 @@ from typing import Any
 import pytest
 
 from conftest import finish, kill_leftovers, launch, wait_for
-from test_group import CLEAN_HALF, CLEAN_STEPS, GROUP, K, assert_bit_equal, clean_group, clean_group_half, events, \
-    group_started, member_restores, printed_steps, sigkill_mid_interval
+from test_group import CLEAN_STEPS, GROUP, K, assert_bit_equal, clean_group, events, group_started, member_restores, \
+    printed_steps, sigkill_mid_interval
 
 pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick tier
 
-__all__ = ["clean_group", "clean_group_half"]  # the fixtures: an uninterrupted group run of CLEAN_STEPS steps, and its
-# checkpoint of CLEAN_HALF
+__all__ = ["clean_group"]  # the fixture: an uninterrupted group run of CLEAN_STEPS steps
 
 # no disk checkpoint but the final one; each member prints every step; slow enough for a standby group
 # (prepared at idle CPU priority) to be ready before the end at load
 SB = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.04", "--print-every-steps", "1")
-# the runs compared with clean_group end at its CLEAN_STEPS (400), paced at 50 ms: the seconds of 500 steps of
-# SB's 40 ms that they had for their standby groups to get ready and their kills to land (a delay is a sleep:
-# the weights are the same)
-SB_RUN = (*SB, "--step-delay", "0.05", "--steps", CLEAN_STEPS)
-# the worker-then-chief run: the same seconds in half the steps, compared with clean_group_half (CLEAN_HALF, 200, at
-# 100 ms a step: its standby groups get as long to be ready, its kills land 10-25 steps into an interval as before,
-# and 200 steps fewer, each of both members, are computed; the last interval its second kill can land in starts
-# 16 s into the steps, 18 s at SB_RUN's)
-SB_HALF = (*SB, "--step-delay", "0.1", "--steps", str(CLEAN_HALF))
+# the shared run ends at clean_group's CLEAN_STEPS (400), paced at 75 ms: 30 s of steps for three standby groups to
+# get ready and three kills to land (the standby member's, worker1's, the chief's). Each of the two runs it replaces
+# had about 20 s for two of them (400 steps at 50 ms; 200 at 100 ms: the last interval its second kill could land in
+# started 16 s into the steps). A delay is a sleep: the weights are the same, and the waiting members cost little
+SB_RUN = (*SB, "--step-delay", "0.075", "--steps", CLEAN_STEPS)
 
 
 def ready(logdir: str, attempt: int) -> list[dict[str, Any]]:
@@ -66,8 +63,44 @@ def last_step(logdir: str, attempt: int) -> int:
     return max(max(printed_steps(logdir, f"{log}.{attempt}") or [0]) for log in ("trainer", "worker1")) + 1
 
 
+@pytest.fixture(scope="module")
+def standby_member_worker_then_chief_killed(  # type: ignore[no-untyped-def]
+        shared_result) -> tuple[str, dict[str, Any]]:
+    """A group run of CLEAN_STEPS steps whose ready standby1 is SIGKILLed while it waits; then (the new standby
+    group ready) worker1 mid-interval; then (the next standby group ready) the promoted chief mid-interval, once: (its
+    logdir, {code, out, err, first, second, third, leftovers}), the pids of the first, second and third standby
+    groups and those of the run's processes left behind (SIGKILLed). Made once per session (``shared_result``):
+    tests/test_goodput_group.py reads it too."""
+    def produce(folder: str) -> None:
+        logdir = os.path.join(folder, "run")
+        proc = launch(logdir, *SB_RUN, opts=GROUP)
+        try:
+            group_started(logdir, 1)
+            first = standby_group_ready(logdir, 2)
+            lost = next(e["pid"] for e in events(logdir, "spawned") if e["role"] == "standby1" and e["pid"] in first)
+            os.kill(lost, signal.SIGKILL)
+            second = standby_group_ready(logdir, 2, count=4)
+            # (past the first interval: a kill in it finds no in-memory snapshot of the group yet, and the group
+            # restores from disk, which this run is not about; seen when the standby group was ready early)
+            sigkill_mid_interval(logdir, "worker1", "worker1.1", max([K] + printed_steps(logdir, "worker1.1")))
+            group_started(logdir, 2)
+            third = standby_group_ready(logdir, 3)
+            sigkill_mid_interval(logdir, "trainer", "trainer.2", max(printed_steps(logdir, "trainer.2")))
+            group_started(logdir, 3)
+        finally:
+            code, out, err = finish(proc)
+            leftovers = kill_leftovers(logdir)
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump({"code": code, "out": out, "err": err, "first": sorted(first), "second": sorted(second),
+                       "third": sorted(third), "leftovers": leftovers}, fh)
+
+    folder = shared_result("standby-member-worker-then-chief-killed", produce)
+    with open(os.path.join(folder, "result.json")) as fh:
+        return os.path.join(folder, "run"), json.load(fh)
+
+
 def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restoring_one_step_bit_equal(
-        logdir, clean_group_half):
+        standby_member_worker_then_chief_killed, clean_group):
     """worker1, then the promoted chief, SIGKILLed with a standby group ready: each time both standby members are
     promoted, restore the same in-memory step, and the run ends bit-equal."""
     # issue 54 point 3: worker1, then the chief of the promoted group, SIGKILLed mid-interval with a standby
@@ -75,22 +108,10 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
     # spawned records say so; no member is forked), both restore the same step from the group's in-memory
     # copies, and the run ends bit-equal to an uninterrupted group (on main a group has no standby: forked),
     # although every standby member ran the step once (on shadow copies of its variables, collectives among them)
-    proc = launch(logdir, *SB_HALF, opts=GROUP)
-    standbys = []
-    try:
-        group_started(logdir, 1)
-        standbys.append(standby_group_ready(logdir, 2))
-        # (past the first interval: a kill in it finds no in-memory snapshot of the group yet, and the group
-        # restores from disk, which this test is not about; seen when the standby group was ready early)
-        sigkill_mid_interval(logdir, "worker1", "worker1.1", K)
-        group_started(logdir, 2)
-        standbys.append(standby_group_ready(logdir, 3))
-        sigkill_mid_interval(logdir, "trainer", "trainer.2", max(printed_steps(logdir, "trainer.2")))
-        group_started(logdir, 3)
-    finally:
-        code, out, err = finish(proc)
+    logdir, run = standby_member_worker_then_chief_killed
+    code, out, err = run["code"], run["out"], run["err"]
     assert code == 0, err
-    for attempt, pids in ((2, standbys[0]), (3, standbys[1])):
+    for attempt, pids in ((2, set(run["second"])), (3, set(run["third"]))):
         got = promoted(logdir, attempt)
         assert set(got) == {"trainer", "worker1"} and set(got.values()) == pids, (attempt, got, pids)
         assert forked(logdir, attempt) == [], attempt
@@ -104,44 +125,16 @@ def test_a_sigkilled_worker_then_chief_are_replaced_by_the_standby_group_restori
         last = last_step(logdir, attempt)
         assert record["step"] % K == 0 and 0 < last - record["step"] <= K, (attempt, last, record)
         assert member_restores(logdir, attempt + 1) == [record["step"]] * 2  # every member the same step
-    assert_bit_equal(logdir, clean_group_half)
-
-
-@pytest.fixture(scope="module")
-def standby_member_then_worker_killed(shared_result) -> tuple[str, dict[str, Any]]:  # type: ignore[no-untyped-def]
-    """A group run of CLEAN_STEPS steps whose ready standby1 is SIGKILLed while it waits, then (the new standby
-    group ready) worker1 mid-interval, once: (its logdir, {code, out, err, first, second, leftovers}), the
-    pids of the first and second standby groups and those of the run's processes left behind (SIGKILLed).
-    Made once per session (``shared_result``): tests/test_goodput_group.py reads it too."""
-    def produce(folder: str) -> None:
-        logdir = os.path.join(folder, "run")
-        proc = launch(logdir, *SB_RUN, opts=GROUP)
-        try:
-            group_started(logdir, 1)
-            first = standby_group_ready(logdir, 2)
-            lost = next(e["pid"] for e in events(logdir, "spawned") if e["role"] == "standby1" and e["pid"] in first)
-            os.kill(lost, signal.SIGKILL)
-            second = standby_group_ready(logdir, 2, count=4)
-            sigkill_mid_interval(logdir, "worker1", "worker1.1", max([K] + printed_steps(logdir, "worker1.1")))
-            group_started(logdir, 2)
-        finally:
-            code, out, err = finish(proc)
-            leftovers = kill_leftovers(logdir)
-        with open(os.path.join(folder, "result.json"), "w") as fh:
-            json.dump({"code": code, "out": out, "err": err, "first": sorted(first), "second": sorted(second),
-                       "leftovers": leftovers}, fh)
-
-    folder = shared_result("standby-member-then-worker1-killed", produce)
-    with open(os.path.join(folder, "result.json")) as fh:
-        return os.path.join(folder, "run"), json.load(fh)
+    assert_bit_equal(logdir, clean_group)
 
 
 def test_a_standby_member_sigkilled_before_its_promotion_is_replaced_with_its_group_and_nothing_is_lost(
-        standby_member_then_worker_killed, clean_group):
+        standby_member_worker_then_chief_killed, clean_group):
     """standby1 SIGKILLed while it waits: the watchdog kills the rest of that standby group and prepares
     another (after the 1 s backoff); worker1 SIGKILLed then: the new standby group is promoted, restores
-    from memory, and the run ends bit-equal (on main a group has no standby group)."""
-    logdir, run = standby_member_then_worker_killed
+    from memory, and the run ends bit-equal (on main a group has no standby group). (The run's later kill of
+    the chief is the test above's: one restore more, of attempt 3.)"""
+    logdir, run = standby_member_worker_then_chief_killed
     assert not run["leftovers"], f"processes of the run were left behind: {run['leftovers']}"
     code, out, err, first, second = run["code"], run["out"], run["err"], set(run["first"]), set(run["second"])
     assert code == 0, err
@@ -150,6 +143,6 @@ def test_a_standby_member_sigkilled_before_its_promotion_is_replaced_with_its_gr
     assert set(ends) == first and all(e.get("signal") == "SIGKILL" for e in ends.values()), ends
     assert "a member of the standby group ended; killing the rest of it" in out, out
     restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "memory", restored
+    assert len(restored) == 2 and restored[0]["source"] == "memory", restored  # (attempt 2's, then the chief's kill)
     assert member_restores(logdir, 2) == [restored[0]["step"]] * 2
     assert_bit_equal(logdir, clean_group)

@@ -35,7 +35,9 @@ def test_a_fork_reply_later_than_the_limit_costs_no_live_trainer(logdir):
     """Before: the promoted standby (forked by the zygote) armed its parent-death signal on the
     zygote; the next standby's fork, asked of the stopped zygote, got no reply in 10 s, the zygote
     was killed and the healthy trainer with it (a second, unasked restart)."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
+    # (steps of 30 ms, not 10: the test waits tens of seconds for the standby and the zygote's loss; its 200 steps
+    # after the loss are kept)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.03", target=TINY, opts=("--standby", "hot"))
     zygote = 0
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a ready standby")[0]
@@ -197,7 +199,8 @@ def test_a_standby_fork_that_is_never_answered_leaves_no_mutex(logdir):
     """Issue 51, point 9 (found on the way). Before: the death-notice mutex made for a standby whose
     fork was never answered (the zygote given up) stayed in the runtime directory and mapped in the
     watchdog for the rest of the run."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "hot"))
+    # (steps of 50 ms, not 10: the test waits for the zygote given up, over 10 s; its 20 steps after it are kept)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.05", target=TINY, opts=("--standby", "hot"))
     zygote = 0
     try:
         wait_for(lambda: [e for e in _events(logdir, "spawned") if e["role"] == "trainer"], 120, what="the trainer")

@@ -98,7 +98,8 @@ def test_a_killed_zygote_is_replaced_and_restarts_promote_a_standby_forked_from_
     after the loss a new zygote starts; the next restart promotes the standby already there, the
     standby after it is forked from the new zygote once it is ready, and the restart after that is
     its promotion."""
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", "--save-model-secs", "1", target=TINY,
+    # (steps of 50 ms, not 10: the test waits for zygotes and standbys, tens of seconds, and counts no step)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.05", "--save-model-secs", "1", target=TINY,
                   opts=("--standby", "hot"))
     try:
         ready = wait_for(lambda: _events(logdir, "standby_ready"), 120, what="a hot standby")[0]

@@ -16,7 +16,8 @@ another host is started by that host's agent (:meth:`RemoteMembers.start_task`),
 ``TF_CONFIG``.
 
 With ``--coordinator`` the M workers are servers as the parameter servers are (slots ``worker0`` ..
-``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too; every server fresh) and the trainer slot runs TARGET once,
+``worker<M-1>``, role ``server``, :mod:`procsv.ps_server` too; each server's first start forked when the pre-warmed
+trainer is ready, its restarts fresh) and the trainer slot runs TARGET once,
 as TensorFlow's ``chief`` task (the coordinator), with its own address in the cluster:
 ``TF_CONFIG`` ``{"cluster": {"chief": [...], "worker": [...], "ps": [...]}, "task": {"type":
 "chief", "index": 0}}``, what ``TFConfigClusterResolver`` reads. The coordinator is told it is a
@@ -41,6 +42,7 @@ from procsv.watchdog.rules.tasks import ps_slot, task_node
 HOST = "127.0.0.1"
 PS_SERVER = "procsv.ps_server"  # the zygote runs this module in the child it forks for a parameter server
 PS_FORK_RANK = 1000  # parameter server i's fork is answered under this + i (the workers' under their task)
+SERVER_FORK_RANK = 1500  # with --coordinator, worker server i's under this + i (the coordinator's under 0)
 
 
 class Starter(Protocol):
@@ -89,15 +91,18 @@ class PsCluster:
         """A parameter server, or with ``--coordinator`` a worker: :mod:`procsv.ps_server`. In TF1 mode
         a parameter server is forked from the pre-warmed trainer when it is ready (the
         executor's poll_fork adds it when the zygote answers): every worker waits for it. With
-        ``--coordinator`` every server starts fresh (a forked parameter server was tried there: the
-        restarted coordinator did not step again within 180 s in ``tests/test_ps_strategy.py``)."""
+        ``--coordinator`` every server's first start is forked too, and its restarts start fresh (a forked parameter
+        server was tried there: the restarted coordinator did not step again within 180 s in
+        ``tests/test_ps_strategy.py``; a forked worker server came back before the coordinator had stepped without
+        it)."""
         env = ex._env(slot, attempt)
         job, index = ("ps", int(slot[len(PS):])) if role == PS else ("worker", rank_of(slot))
         env["TF_CONFIG"] = self._tf_config(job, index)
         log = ex.layout.attempt_log(slot, attempt)
-        if role == PS and not self.coordinator \
-                and ex.fork(PendingFork(slot, attempt, env, log, None, role, PS_FORK_RANK + index), PS_SERVER, []):
-            return  # (a zygote that is not ready, or failed: fresh)
+        rank = PS_FORK_RANK + index if role == PS else SERVER_FORK_RANK + index
+        if (not self.coordinator and role == PS) or (self.coordinator and attempt == 1):
+            if ex.fork(PendingFork(slot, attempt, env, log, None, role, rank), PS_SERVER, []):
+                return  # (a zygote that is not ready, or failed: fresh)
         ex._fresh(slot, role, attempt, env, log, None)
 
     def start(self, ex: Starter, slot: str, role: str) -> None:
