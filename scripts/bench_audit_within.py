@@ -109,6 +109,7 @@ class Launch:
     samples: list[Sample] = field(default_factory=list)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (wall time, step), by time
     own_session: Optional[bool] = None  # whether an auditor was a session of its own (its sid its pid)
+    duty: dict[str, Any] = field(default_factory=dict)  # status.json's audit at the end: the duty cycle's own figures
     events: list[dict[str, Any]] = field(default_factory=list)
     intervals: list[Interval] = field(default_factory=list)
 
@@ -268,13 +269,74 @@ class Split:
         return 1e3 * self.s[kind][2] / self.s[kind][1] if self.s[kind][1] > 0 else float("nan")
 
 
+def null_errors(ivs: list[Interval], length: float, local: float) -> list[float]:
+    """The noise of the method: stretches of ``length`` seconds cut from the pause intervals (none of them next to a
+    run interval), each against the pause beside it in the same stretch as a run window is against its own; their
+    relative errors (steps made over steps expected, less 1)."""
+    errs: list[float] = []
+    i = 0
+    while i < len(ivs):
+        if ivs[i].kind != PAUSE:
+            i += 1
+            continue
+        j = i
+        while j < len(ivs) and ivs[j].kind == PAUSE:
+            j += 1
+        stretch = ivs[i:j]
+        k = 0
+        while True:
+            a = k  # the pseudo window's first interval, after at least ``local`` s of pause before it
+            before = 0.0
+            while a < len(stretch) and before < local:
+                before += stretch[a].secs
+                a += 1
+            b, secs = a, 0.0
+            while b < len(stretch) and secs < length:
+                secs += stretch[b].secs
+                b += 1
+            c, after = b, 0.0
+            while c < len(stretch) and after < local:
+                after += stretch[c].secs
+                c += 1
+            if after < local or secs < length:
+                break
+            near = stretch[k:a] + stretch[b:c]
+            rate = sum(iv.steps for iv in near) / sum(iv.secs for iv in near)
+            errs.append(sum(iv.steps for iv in stretch[a:b]) / (secs * rate) - 1.0 if rate > 0 else 0.0)
+            k = c
+        i = j
+    return errs
+
+
+def null_ci(ws: list[Window], errs: list[float], total_steps: float) -> Optional[tuple[float, float, float, float]]:
+    """95 % intervals of (ratio, within-run throughput) from the method's noise (:func:`null_errors`: each run window's
+    error as wide as a pause stretch's of its length), or None with fewer than five such stretches."""
+    if len(errs) < 5 or not ws:
+        return None
+    sigma = statistics.pstdev(errs)
+    spread = 1.96 * sigma * sum(w.expected ** 2 for w in ws) ** 0.5  # the steps the window's errors may add up to
+    expected = sum(w.expected for w in ws)
+    lost = expected - sum(w.steps for w in ws)
+    ratio = 1.0 - lost / expected
+    return (ratio - spread / expected, ratio + spread / expected, total_steps / (total_steps + lost + spread),
+            total_steps / max(total_steps + lost - spread, 1e-9))
+
+
 def split(ivs: list[Interval], local: float, rng: random.Random, rounds: int) -> Optional[Split]:
+    """One launch's figures; the 95 % interval is the widest of the bootstrap's over its run windows and the
+    method's noise's (:func:`null_ci`), whichever exist (None if neither)."""
     s = sums(ivs)
     ws = windows(ivs, local)
-    got = figures(ws, s[RUN][1] + s[PAUSE][1])
-    ci = bootstrap(ws, s[RUN][1] + s[PAUSE][1], rounds, rng)
-    if got is None or ci is None or s[PAUSE][0] <= 0 or s[RUN][0] <= 0:
+    total = s[RUN][1] + s[PAUSE][1]
+    got = figures(ws, total)
+    if got is None or s[PAUSE][0] <= 0 or s[RUN][0] <= 0:
         return None
+    cis = [c for c in (bootstrap(ws, total, rounds, rng),
+                       null_ci(ws, null_errors(ivs, statistics.median(w.secs for w in ws), local), total))
+           if c is not None]
+    if not cis:
+        return None
+    ci = (min(c[0] for c in cis), max(c[1] for c in cis), min(c[2] for c in cis), max(c[3] for c in cis))
     return Split(s, len(ws), got[0], got[1], ci, (s[RUN][1] / s[RUN][0]) / (s[PAUSE][1] / s[PAUSE][0]))
 
 
@@ -361,6 +423,8 @@ def measure(m: Launch, args: argparse.Namespace) -> None:
         with open(m.logdir + ".stderr") as fh:
             raise BenchError(f"a launch exited {proc.returncode}: {fh.read()[-2000:]}")
     m.steps = logged_steps(m.logdir)
+    with contextlib.suppress(OSError, ValueError), open(os.path.join(m.logdir, ".procsv", "status.json")) as fh:
+        m.duty = dict(json.load(fh).get("audit") or {})
 
 
 def logged_steps(logdir: str) -> list[tuple[float, int]]:
@@ -402,6 +466,86 @@ def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def save(m: Launch, path: str) -> None:
+    """What the launch's analysis needs (samples, logged steps, lifecycle, the duty cycle's figures), as JSON."""
+    with open(path, "w") as fh:
+        json.dump({"audit": m.audit, "logdir": m.logdir, "own_session": m.own_session, "duty": m.duty,
+                   "events": m.events, "steps": m.steps,
+                   "samples": [[x.t, x.cpu, x.running, x.auditor_cpu, sorted(x.auditors)] for x in m.samples]}, fh)
+
+
+def load(path: str) -> Launch:
+    with open(path) as fh:
+        d = json.load(fh)
+    return Launch(d["audit"], d["logdir"], [Sample(t, c, r, a, frozenset(p)) for t, c, r, a, p in d["samples"]],
+                  [(float(t), int(x)) for t, x in d["steps"]], d["own_session"], d["duty"], d["events"])
+
+
+def analyse(pairs: list[tuple[Launch, Launch, float]], args: argparse.Namespace, wrong: list[str]) -> str:
+    """Each pair's figures, one line each; returns the final line."""
+    rng = random.Random(args.seed)
+    on_splits: list[Split] = []
+    off_splits: list[Split] = []
+    pause_over_control: list[float] = []
+    own: set[bool] = set()
+    audited: list[float] = []
+    off_rates: list[float] = []
+    spent: list[float] = []  # the duty cycle's own account of what the audit cost each audited launch
+    for i, (on, off, load) in enumerate(pairs):
+        checked(on, wrong)
+        checked(off, wrong)
+        on.intervals = intervals(on.samples, on.steps)
+        off.intervals = apply_mask(intervals(off.samples, off.steps), mask_by_step(on.intervals))
+        a = split(on.intervals, args.local_secs, rng, args.rounds)
+        c = split(off.intervals, args.local_secs, rng, args.rounds)
+        if on.own_session is not None:
+            own.add(on.own_session)
+        audited.append(float(audited_steps(on)))
+        if on.duty.get("spent") is not None:
+            spent.append(float(on.duty["spent"]))
+        if a is None or c is None:
+            wrong.append(f"pair {i}: too little of a run or a pause to compare (the audited launch's auditor ran "
+                         f"{sums(on.intervals)[RUN][0]:.2f} s)")
+            continue
+        on_splits.append(a)
+        off_splits.append(c)
+        off_all = (c.s[RUN][1] + c.s[PAUSE][1]) / (c.s[RUN][0] + c.s[PAUSE][0])
+        off_rates.append(off_all)
+        pause_over_control.append((a.s[PAUSE][1] / a.s[PAUSE][0]) / off_all)
+        print(f"pair {i} ({'off' if i % 2 == 0 else 'on'} first, load {load:.1f}): audited: ratio {a.ratio:.4f} "
+              f"({a.ci[0]:.4f}-{a.ci[1]:.4f}; {a.windows} windows; plain {a.plain:.4f}), within {a.within:.4f} "
+              f"({a.ci[2]:.4f}-{a.ci[3]:.4f}), run {a.s[RUN][0]:.1f} s of {a.s[RUN][0] + a.s[PAUSE][0]:.1f} "
+              f"({a.run_share:.3f}), trainer CPU ms a step run {a.cpu_ms(RUN):.3f} / pause {a.cpu_ms(PAUSE):.3f}, "
+              f"auditor CPU s a s run {a.s[RUN][3] / a.s[RUN][0]:.3f}, {audited[-1]:.0f} steps audited, the duty "
+              f"cycle's own slowdown {on.duty.get('slowdown')} spent {on.duty.get('spent')}; control: ratio "
+              f"{c.ratio:.4f} ({c.ci[0]:.4f}-{c.ci[1]:.4f}; plain {c.plain:.4f}), within {c.within:.4f} "
+              f"({c.ci[2]:.4f}-{c.ci[3]:.4f}), CPU ms a step "
+              f"{1e3 * (c.s[RUN][2] + c.s[PAUSE][2]) / (c.s[RUN][1] + c.s[PAUSE][1]):.3f}, {off_all:.1f} steps/s; "
+              f"audited pause rate / control {pause_over_control[-1]:.4f}", flush=True)
+    for name, lo, hi in (("ratio", 0, 1), ("within-run throughput", 2, 3)):
+        middle = _med([c.ratio if lo == 0 else c.within for c in off_splits])
+        half = _med([(c.ci[hi] - c.ci[lo]) / 2 for c in off_splits])
+        if off_splits and abs(middle - 1.0) > half:
+            wrong.append(f"the controls' median {name} {middle:.4f} is further from 1 than their intervals' median "
+                         f"half-width {half:.4f}: the split is biased by the run's phases")
+    return (f"runs={len(on_splits)} burners={args.burners} auditor_own_session={int(True in own)} "
+            f"ratio={_med([a.ratio for a in on_splits]):.4f} ratio_lo={_med([a.ci[0] for a in on_splits]):.4f} "
+            f"ratio_hi={_med([a.ci[1] for a in on_splits]):.4f} within={_med([a.within for a in on_splits]):.4f} "
+            f"within_lo={_med([a.ci[2] for a in on_splits]):.4f} within_hi={_med([a.ci[3] for a in on_splits]):.4f} "
+            f"run_share={_med([a.run_share for a in on_splits]):.4f} "
+            f"control_ratio={_med([c.ratio for c in off_splits]):.4f} "
+            f"control_lo={_med([c.ci[0] for c in off_splits]):.4f} control_hi={_med([c.ci[1] for c in off_splits]):.4f} "
+            f"control_within={_med([c.within for c in off_splits]):.4f} "
+            f"control_within_lo={_med([c.ci[2] for c in off_splits]):.4f} "
+            f"control_within_hi={_med([c.ci[3] for c in off_splits]):.4f} "
+            f"cpu_ms_run={_med([a.cpu_ms(RUN) for a in on_splits]):.4f} "
+            f"cpu_ms_pause={_med([a.cpu_ms(PAUSE) for a in on_splits]):.4f} cpu_ms_control="
+            f"{_med([1e3 * (c.s[RUN][2] + c.s[PAUSE][2]) / (c.s[RUN][1] + c.s[PAUSE][1]) for c in off_splits]):.4f} "
+            f"auditor_cpu_run={_med([a.s[RUN][3] / a.s[RUN][0] for a in on_splits]):.3f} "
+            f"pause_over_control={_med(pause_over_control):.4f} audited_steps={_med(audited):.0f} "
+            f"steps_per_s_off={_med(off_rates):.1f} duty_spent={_med(spent):.4f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="audited launches, and as many audit-free controls")
@@ -413,77 +557,49 @@ def main() -> int:
                     help="a run window's baseline: up to this many seconds of pause on either side")
     ap.add_argument("--rounds", type=int, default=2000, help="the bootstrap's resamples")
     ap.add_argument("--seed", type=int, default=71)
+    ap.add_argument("--keep", default="", help="a directory to keep each launch's readings in (JSON), for --analyse")
+    ap.add_argument("--analyse", default="", help="no launch: the readings --keep kept in this directory, analysed")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
     wrong: list[str] = []
     began = time.monotonic()
     loads: list[float] = []
-    on_splits: list[Split] = []
-    off_splits: list[Split] = []
-    pause_over_control: list[float] = []
-    own: set[bool] = set()
-    audited: list[int] = []
-    off_rates: list[float] = []
-    hot = burners(args.burners)
-    try:
-        with tempfile.TemporaryDirectory(prefix="procsv-bench-within-") as root:
-            for i in range(args.runs):
-                on, off = Launch("every", os.path.join(root, f"on{i}")), Launch("off", os.path.join(root, f"off{i}"))
-                for m in ([off, on] if i % 2 == 0 else [on, off]):
-                    measure(m, args)
-                    checked(m, wrong)
-                    loads.append(os.getloadavg()[0])
-                on.intervals = intervals(on.samples, on.steps)
-                off.intervals = apply_mask(intervals(off.samples, off.steps), mask_by_step(on.intervals))
-                a, c = split(on.intervals, args.local_secs, rng, args.rounds), split(off.intervals, args.local_secs,
-                                                                                      rng, args.rounds)
-                if on.own_session is not None:
-                    own.add(on.own_session)
-                audited.append(audited_steps(on))
-                if a is None or c is None:
-                    wrong.append(f"pair {i}: no run interval or no pause interval to compare (audited launch: "
-                                 f"{sums(on.intervals)[RUN][0]:.2f} s run)")
-                    continue
-                on_splits.append(a)
-                off_splits.append(c)
-                off_all = (c.s[RUN][1] + c.s[PAUSE][1]) / (c.s[RUN][0] + c.s[PAUSE][0])
-                off_rates.append(off_all)
-                pause_over_control.append((a.s[PAUSE][1] / a.s[PAUSE][0]) / off_all)
-                print(f"pair {i} ({'off' if i % 2 == 0 else 'on'} first, load {loads[-1]:.1f}): audited: ratio "
-                      f"{a.ratio:.4f} ({a.ci[0]:.4f}-{a.ci[1]:.4f}; {a.windows} windows; plain {a.plain:.4f}), within {a.within:.4f} ({a.ci[2]:.4f}-{a.ci[3]:.4f}), "
-                      f"run {a.s[RUN][0]:.1f} s of {a.s[RUN][0] + a.s[PAUSE][0]:.1f} ({a.run_share:.3f}), trainer CPU ms "
-                      f"a step run {a.cpu_ms(RUN):.3f} / pause {a.cpu_ms(PAUSE):.3f}, auditor CPU s a s run "
-                      f"{a.s[RUN][3] / a.s[RUN][0]:.3f}, {audited[-1]} steps audited; control: ratio {c.ratio:.4f} "
-                      f"({c.ci[0]:.4f}-{c.ci[1]:.4f}; plain {c.plain:.4f}), within {c.within:.4f} ({c.ci[2]:.4f}-{c.ci[3]:.4f}), CPU ms a "
-                      f"step {1e3 * (c.s[RUN][2] + c.s[PAUSE][2]) / (c.s[RUN][1] + c.s[PAUSE][1]):.3f}, "
-                      f"{off_all:.1f} steps/s; audited pause rate / control {pause_over_control[-1]:.4f}", flush=True)
-    finally:
-        for b in hot:
-            with contextlib.suppress(ProcessLookupError):
-                b.kill()
-            b.wait()
-    half = [(c.ci[1] - c.ci[0]) / 2 for c in off_splits]
-    control = _med([c.ratio for c in off_splits])
-    if off_splits and abs(control - 1.0) > _med(half):
-        wrong.append(f"the controls' median ratio {control:.4f} is further from 1 than their intervals' median "
-                     f"half-width {_med(half):.4f}: the split is biased by the run's phases")
+    pairs: list[tuple[Launch, Launch, float]] = []
+    if args.analyse:
+        with open(os.path.join(args.analyse, "pairs.json")) as fh:
+            kept = json.load(fh)
+        args.burners = kept["burners"]
+        for i, load_then in enumerate(kept["loads"]):
+            pairs.append((load(os.path.join(args.analyse, f"on{i}.json")),
+                          load(os.path.join(args.analyse, f"off{i}.json")), load_then))
+            loads.append(load_then)
+    else:
+        hot = burners(args.burners)
+        try:
+            with tempfile.TemporaryDirectory(prefix="procsv-bench-within-") as root:
+                for i in range(args.runs):
+                    on, off = (Launch("every", os.path.join(root, f"on{i}")),
+                               Launch("off", os.path.join(root, f"off{i}")))
+                    for m in ([off, on] if i % 2 == 0 else [on, off]):
+                        measure(m, args)
+                        loads.append(os.getloadavg()[0])
+                        if args.keep:
+                            os.makedirs(args.keep, exist_ok=True)
+                            save(m, os.path.join(args.keep, f"{m.audit.replace('every', 'on')}{i}.json"))
+                    pairs.append((on, off, loads[-1]))
+                    if args.keep:
+                        with open(os.path.join(args.keep, "pairs.json"), "w") as fh:
+                            json.dump({"burners": args.burners, "loads": [p[2] for p in pairs]}, fh)
+        finally:
+            for b in hot:
+                with contextlib.suppress(ProcessLookupError):
+                    b.kill()
+                b.wait()
+    line = analyse(pairs, args, wrong)
     for w in wrong:
         print(f"bench_audit_within: {w}", file=sys.stderr)
-    load = os.getloadavg()[0]
-    print(f"({time.monotonic() - began:.0f} s in all, load {min(loads, default=load):.1f}-{max(loads, default=load):.1f})")
-    print(f"runs={len(on_splits)} burners={args.burners} auditor_own_session={int(True in own)} "
-          f"ratio={_med([a.ratio for a in on_splits]):.4f} ratio_lo={_med([a.ci[0] for a in on_splits]):.4f} "
-          f"ratio_hi={_med([a.ci[1] for a in on_splits]):.4f} within={_med([a.within for a in on_splits]):.4f} "
-          f"within_lo={_med([a.ci[2] for a in on_splits]):.4f} within_hi={_med([a.ci[3] for a in on_splits]):.4f} "
-          f"run_share={_med([a.run_share for a in on_splits]):.4f} control_ratio={control:.4f} "
-          f"control_lo={_med([c.ci[0] for c in off_splits]):.4f} control_hi={_med([c.ci[1] for c in off_splits]):.4f} "
-          f"control_within={_med([c.within for c in off_splits]):.4f} "
-          f"cpu_ms_run={_med([a.cpu_ms(RUN) for a in on_splits]):.4f} "
-          f"cpu_ms_pause={_med([a.cpu_ms(PAUSE) for a in on_splits]):.4f} "
-          f"cpu_ms_control={_med([1e3 * (c.s[RUN][2] + c.s[PAUSE][2]) / (c.s[RUN][1] + c.s[PAUSE][1]) for c in off_splits]):.4f} "
-          f"auditor_cpu_run={_med([a.s[RUN][3] / a.s[RUN][0] for a in on_splits]):.3f} "
-          f"pause_over_control={_med(pause_over_control):.4f} audited_steps={_med([float(x) for x in audited]):.0f} "
-          f"steps_per_s_off={_med(off_rates):.1f} load={load:.1f}")
+    now = os.getloadavg()[0]
+    print(f"({time.monotonic() - began:.0f} s in all, load {min(loads, default=now):.1f}-{max(loads, default=now):.1f})")
+    print(f"{line} load={now if not args.analyse else max(loads, default=0.0):.1f}")
     return 1 if wrong else 0
 
 
