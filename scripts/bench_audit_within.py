@@ -382,7 +382,9 @@ def measure(m: Launch, args: argparse.Namespace) -> None:
            str(args.save_steps), "--step-delay", "0", "--print-every-steps", str(args.steps), "--log-every-steps", "10"]
     os.makedirs(m.logdir)
     with open(m.logdir + ".stderr", "w") as err:
-        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=err)
+        # (run from the launch's parent directory: ``-m procsv`` from a source tree's root would import that tree,
+        # not the interpreter's installed procsv)
+        proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=err, cwd=os.path.dirname(m.logdir))
     lifecycle = os.path.join(m.logdir, "logs", "lifecycle.jsonl")
     offset, trainer, auditors, stopped = 0, None, set(), False
     period = args.sample_ms / 1e3
@@ -573,6 +575,7 @@ def main() -> int:
                           load(os.path.join(args.analyse, f"off{i}.json")), load_then))
             loads.append(load_then)
     else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # (the burners are killed on the way out)
         hot = burners(args.burners)
         try:
             with tempfile.TemporaryDirectory(prefix="procsv-bench-within-") as root:
