@@ -23,10 +23,16 @@ order (off, on, on, off, ...):
   stopped at both ends, a **pause** interval if none was at either end (no auditor, or all stopped), and neither
   if the state changed within it (left out). The trainer's steps in an interval are interpolated from its logged
   steps; intervals before its first logged step or after its last are left out.
-- the **ratio** of the trainer's steps a second in run intervals to pause intervals (what a running auditor leaves
-  it), and the **within-run throughput**: its steps a second over all the intervals counted divided by the pause
-  intervals' (what the audit cost this run, against the run without it: 1 - run share * (1 - ratio)); each with a
-  95 % confidence interval from a bootstrap over consecutive blocks of ``--block-secs`` (each block's sums resampled);
+- each **run window** (consecutive run intervals) against its local baseline: the trainer's rate in up to
+  ``--local-secs`` (2) of pause intervals on either side of it (a load that changes over seconds is on both sides);
+  the **ratio**: the run windows' steps over what they would have made at their baselines (what a running auditor
+  leaves the trainer), and the **within-run throughput**: the run's steps over those plus the steps the run windows
+  lost (what the audit cost this run against the same run without it: about 1 - run share * (1 - ratio)); also the
+  plain ratio of all run intervals' rate to all pause intervals' (no local baseline). Each with a 95 % interval, the
+  wider of a bootstrap over the run windows and one from the method's own noise: stretches as long as the run
+  windows cut from the pauses, each against its own neighbours the same way (their errors' spread, taken for each
+  run window: the duty cycle's account lets a trainer beside two burners have one or two windows a minute, too few
+  for a bootstrap);
 - the trainer's CPU ms a step in each kind of interval, the auditors' CPU seconds a second in run intervals, and
   the run intervals' share of the time (``run_share``);
 - the **control**: each audit-off launch split the same way, by the run/pause mask of the audited launch beside it
@@ -36,15 +42,17 @@ order (off, on, on, off, ...):
 - between runs (noisy, as part (b)): the audited launch's pause-interval rate over the control's all-interval rate.
 
 An audited launch is stopped (SIGTERM) once its trainer exited: the auditors' catching up afterwards is not measured.
-Prints one line per launch and a table, then one line ``runs=<n> burners=<n> auditor_own_session=<0|1>
-ratio=<median run/pause ratio> ratio_lo=<x> ratio_hi=<x> within=<median within-run throughput> within_lo=<x>
-within_hi=<x> run_share=<median> control_ratio=<median> control_lo=<x> control_hi=<x> control_within=<median>
-cpu_ms_run=<x> cpu_ms_pause=<x> cpu_ms_control=<x> auditor_cpu_run=<x> pause_over_control=<median> audited_steps=<median>
-steps_per_s_off=<median> load=<1-min load average at the end>`` (a ``_lo``/``_hi`` is the median over the runs of
-each run's 95 % bound). Exits 1 if its own check fails: a launch that failed or restarted its trainer, a
+Prints one line per pair, then one line ``runs=<n> burners=<n> auditor_own_session=<0|1: whether an auditor was a
+session of its own> ratio=<median run/pause ratio> ratio_lo=<x> ratio_hi=<x> within=<median within-run throughput>
+within_lo=<x> within_hi=<x> run_share=<median> control_ratio=<median> control_lo=<x> control_hi=<x>
+control_within=<median> control_within_lo=<x> control_within_hi=<x> cpu_ms_run=<x> cpu_ms_pause=<x>
+cpu_ms_control=<x> auditor_cpu_run=<x> pause_over_control=<median> audited_steps=<median> steps_per_s_off=<median>
+duty_spent=<median of the duty cycle's own spent> load=<1-min load average at the end>`` (a ``_lo``/``_hi`` is the
+median over the runs of each run's 95 % bound). ``--keep DIR`` keeps each launch's readings (JSON); ``--analyse DIR`` analyses kept ones
+again without launching. Exits 1 if its own check fails: a launch that failed or restarted its trainer, a
 ``trainer`` or ``nondeterministic`` verdict (a false alarm), an audited launch with no run interval, or the
-controls' median ratio further from 1 than the median half-width of their intervals (the method biased beyond its
-own noise).
+controls' median ratio or within-run throughput further from 1 than the median half-width of their intervals (the
+method biased beyond its own noise).
 """
 
 from __future__ import annotations
