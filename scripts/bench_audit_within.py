@@ -326,7 +326,7 @@ def null_ci(ws: list[Window], errs: list[float], total_steps: float) -> Optional
     expected = sum(w.expected for w in ws)
     lost = expected - sum(w.steps for w in ws)
     ratio = 1.0 - lost / expected
-    return (ratio - spread / expected, ratio + spread / expected, total_steps / (total_steps + lost + spread),
+    return (max(0.0, ratio - spread / expected), ratio + spread / expected, total_steps / (total_steps + lost + spread),
             total_steps / max(total_steps + lost - spread, 1e-9))
 
 
