@@ -44,7 +44,8 @@ order (off, on, on, off, ...):
 An audited launch is stopped (SIGTERM) once its trainer exited: the auditors' catching up afterwards is not measured.
 Prints one line per pair, then one line ``runs=<n> burners=<n> auditor_own_session=<0|1: whether an auditor was a
 session of its own> ratio=<median run/pause ratio> ratio_lo=<x> ratio_hi=<x> within=<median within-run throughput>
-within_lo=<x> within_hi=<x> run_share=<median> control_ratio=<median> control_lo=<x> control_hi=<x>
+within_lo=<x> within_hi=<x> run_share=<median> first_ratio=<median: the first run window's ratio>
+first_lost=<median: the steps it lost over the run's> control_first=<median> control_ratio=<median> control_lo=<x> control_hi=<x>
 control_within=<median> control_within_lo=<x> control_within_hi=<x> cpu_ms_run=<x> cpu_ms_pause=<x>
 cpu_ms_control=<x> auditor_cpu_run=<x> pause_over_control=<median> audited_steps=<median> steps_per_s_off=<median>
 duty_spent=<median of the duty cycle's own spent> load=<1-min load average at the end>`` (a ``_lo``/``_hi`` is the
@@ -84,19 +85,21 @@ class BenchError(Exception):
 @dataclass(frozen=True)
 class Sample:
     """One reading: the driver's wall time, the trainer's CPU seconds, whether an auditor was alive and not stopped,
-    the auditors' CPU seconds (those alive), the pids of the auditors alive."""
+    the auditors' CPU seconds (those alive), the pids of the auditors alive, and the CPU seconds of the launch's
+    other processes (the watchdog, the zygote, the services, the hot standby)."""
 
     t: float
     cpu: float
     running: bool
     auditor_cpu: float
     auditors: frozenset[int]
+    others: float = 0.0
 
 
 @dataclass
 class Interval:
     """Between two samples: its length, the trainer's steps and CPU seconds in it, the auditors' CPU seconds,
-    the steps at its ends, and its kind (:data:`RUN`, :data:`PAUSE` or None: left out)."""
+    the steps at its ends, its kind (:data:`RUN`, :data:`PAUSE` or None: left out), the other processes' CPU s."""
 
     t0: float
     secs: float
@@ -106,6 +109,7 @@ class Interval:
     s0: float
     s1: float
     kind: Optional[str]
+    others: float = 0.0
 
 
 @dataclass
@@ -144,7 +148,8 @@ def intervals(samples: list[Sample], steps: list[tuple[float, int]]) -> list[Int
         kind = (RUN if a.running and b.running and a.auditors == b.auditors else
                 PAUSE if not a.running and not b.running else None)
         out.append(Interval(a.t, b.t - a.t, s1 - s0, b.cpu - a.cpu,
-                            max(0.0, b.auditor_cpu - a.auditor_cpu) if a.auditors == b.auditors else 0.0, s0, s1, kind))
+                            max(0.0, b.auditor_cpu - a.auditor_cpu) if a.auditors == b.auditors else 0.0, s0, s1, kind,
+                            max(0.0, b.others - a.others)))
     return out
 
 
@@ -170,15 +175,15 @@ def apply_mask(control: list[Interval], spans: list[tuple[float, float, str]]) -
     for iv in control:
         i = bisect.bisect_right(starts, iv.s0) - 1
         kind = spans[i][2] if i >= 0 and spans[i][0] <= iv.s0 and iv.s1 <= spans[i][1] else None
-        out.append(Interval(iv.t0, iv.secs, iv.steps, iv.cpu, iv.auditor_cpu, iv.s0, iv.s1, kind))
+        out.append(Interval(iv.t0, iv.secs, iv.steps, iv.cpu, iv.auditor_cpu, iv.s0, iv.s1, kind, iv.others))
     return out
 
 
-Sums = dict[str, list[float]]  # kind -> [seconds, steps, trainer CPU s, auditor CPU s]
+Sums = dict[str, list[float]]  # kind -> [seconds, steps, trainer CPU s, auditor CPU s, the others' CPU s]
 
 
 def sums(ivs: list[Interval]) -> Sums:
-    out: Sums = {RUN: [0.0] * 4, PAUSE: [0.0] * 4}
+    out: Sums = {RUN: [0.0] * 5, PAUSE: [0.0] * 5}
     for iv in ivs:
         if iv.kind is not None:
             row = out[iv.kind]
@@ -186,6 +191,7 @@ def sums(ivs: list[Interval]) -> Sums:
             row[1] += iv.steps
             row[2] += iv.cpu
             row[3] += iv.auditor_cpu
+            row[4] += iv.others
     return out
 
 
@@ -268,6 +274,8 @@ class Split:
     within: float
     ci: tuple[float, float, float, float]
     plain: float
+    first: float  # the first run window's ratio (an auditor's start: fork, build, restore)
+    first_lost: float  # the steps the first run window lost, as a share of the run's
 
     @property
     def run_share(self) -> float:
@@ -345,7 +353,8 @@ def split(ivs: list[Interval], local: float, rng: random.Random, rounds: int) ->
     if not cis:
         return None
     ci = (min(c[0] for c in cis), max(c[1] for c in cis), min(c[2] for c in cis), max(c[3] for c in cis))
-    return Split(s, len(ws), got[0], got[1], ci, (s[RUN][1] / s[RUN][0]) / (s[PAUSE][1] / s[PAUSE][0]))
+    return Split(s, len(ws), got[0], got[1], ci, (s[RUN][1] / s[RUN][0]) / (s[PAUSE][1] / s[PAUSE][0]),
+                 ws[0].steps / ws[0].expected, (ws[0].expected - ws[0].steps) / total)
 
 
 # ------------------------------------------------------------------------------------------------- the driver
@@ -395,6 +404,7 @@ def measure(m: Launch, args: argparse.Namespace) -> None:
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=err, cwd=os.path.dirname(m.logdir))
     lifecycle = os.path.join(m.logdir, "logs", "lifecycle.jsonl")
     offset, trainer, auditors, stopped = 0, None, set(), False
+    others = {proc.pid}  # the watchdog, then every other process the lifecycle says it spawned (not the auditors)
     period = args.sample_ms / 1e3
     next_read = 0.0
     while proc.poll() is None:
@@ -407,6 +417,8 @@ def measure(m: Launch, args: argparse.Namespace) -> None:
                     trainer = int(e["pid"])
                 elif e["event"] == "spawned" and e["role"] == "auditor":
                     auditors.add(int(e["pid"]))
+                elif e["event"] == "spawned" and e.get("pid"):
+                    others.add(int(e["pid"]))
                 elif e["event"] == "exited" and e.get("role") == "trainer" and m.audit != "off" and not stopped:
                     proc.send_signal(signal.SIGTERM)  # (the trainer's steps are in; the rest of the audit is not measured)
                     stopped = True
@@ -425,7 +437,8 @@ def measure(m: Launch, args: argparse.Namespace) -> None:
                 if m.own_session is None:
                     m.own_session = int(st[3]) == pid  # (the fields after the command: state, ppid, pgrp, session)
             if cpu is not None:
-                m.samples.append(Sample(now, cpu, running, acpu, frozenset(alive)))
+                m.samples.append(Sample(now, cpu, running, acpu, frozenset(alive),
+                                        sum(_cpu(pid) or 0.0 for pid in others)))
         time.sleep(max(0.0, period - (time.time() - now)))
     new, offset = _new_events(lifecycle, offset)
     m.events += new
@@ -481,13 +494,14 @@ def save(m: Launch, path: str) -> None:
     with open(path, "w") as fh:
         json.dump({"audit": m.audit, "logdir": m.logdir, "own_session": m.own_session, "duty": m.duty,
                    "events": m.events, "steps": m.steps,
-                   "samples": [[x.t, x.cpu, x.running, x.auditor_cpu, sorted(x.auditors)] for x in m.samples]}, fh)
+                   "samples": [[x.t, x.cpu, x.running, x.auditor_cpu, sorted(x.auditors), x.others]
+                               for x in m.samples]}, fh)
 
 
 def load(path: str) -> Launch:
     with open(path) as fh:
         d = json.load(fh)
-    return Launch(d["audit"], d["logdir"], [Sample(t, c, r, a, frozenset(p)) for t, c, r, a, p in d["samples"]],
+    return Launch(d["audit"], d["logdir"], [Sample(x[0], x[1], x[2], x[3], frozenset(x[4]), *x[5:]) for x in d["samples"]],
                   [(float(t), int(x)) for t, x in d["steps"]], d["own_session"], d["duty"], d["events"])
 
 
@@ -524,9 +538,11 @@ def analyse(pairs: list[tuple[Launch, Launch, float]], args: argparse.Namespace,
         pause_over_control.append((a.s[PAUSE][1] / a.s[PAUSE][0]) / off_all)
         print(f"pair {i} ({'off' if i % 2 == 0 else 'on'} first, load {load:.1f}): audited: ratio {a.ratio:.4f} "
               f"({a.ci[0]:.4f}-{a.ci[1]:.4f}; {a.windows} windows; plain {a.plain:.4f}), within {a.within:.4f} "
-              f"({a.ci[2]:.4f}-{a.ci[3]:.4f}), run {a.s[RUN][0]:.1f} s of {a.s[RUN][0] + a.s[PAUSE][0]:.1f} "
+              f"({a.ci[2]:.4f}-{a.ci[3]:.4f}), the first window's ratio {a.first:.3f} (it lost {a.first_lost:.4f} of the run's "
+              f"steps; control {c.first:.3f}), run {a.s[RUN][0]:.1f} s of {a.s[RUN][0] + a.s[PAUSE][0]:.1f} "
               f"({a.run_share:.3f}), trainer CPU ms a step run {a.cpu_ms(RUN):.3f} / pause {a.cpu_ms(PAUSE):.3f}, "
-              f"auditor CPU s a s run {a.s[RUN][3] / a.s[RUN][0]:.3f}, {audited[-1]:.0f} steps audited, the duty "
+              f"auditor CPU s a s run {a.s[RUN][3] / a.s[RUN][0]:.3f}, the other processes' run "
+              f"{a.s[RUN][4] / a.s[RUN][0]:.3f} / pause {a.s[PAUSE][4] / a.s[PAUSE][0]:.3f}, {audited[-1]:.0f} steps audited, the duty "
               f"cycle's own slowdown {on.duty.get('slowdown')} spent {on.duty.get('spent')}; control: ratio "
               f"{c.ratio:.4f} ({c.ci[0]:.4f}-{c.ci[1]:.4f}; plain {c.plain:.4f}), within {c.within:.4f} "
               f"({c.ci[2]:.4f}-{c.ci[3]:.4f}), CPU ms a step "
@@ -542,7 +558,9 @@ def analyse(pairs: list[tuple[Launch, Launch, float]], args: argparse.Namespace,
             f"ratio={_med([a.ratio for a in on_splits]):.4f} ratio_lo={_med([a.ci[0] for a in on_splits]):.4f} "
             f"ratio_hi={_med([a.ci[1] for a in on_splits]):.4f} within={_med([a.within for a in on_splits]):.4f} "
             f"within_lo={_med([a.ci[2] for a in on_splits]):.4f} within_hi={_med([a.ci[3] for a in on_splits]):.4f} "
-            f"run_share={_med([a.run_share for a in on_splits]):.4f} "
+            f"run_share={_med([a.run_share for a in on_splits]):.4f} first_ratio={_med([a.first for a in on_splits]):.4f} "
+            f"first_lost={_med([a.first_lost for a in on_splits]):.4f} "
+            f"control_first={_med([c.first for c in off_splits]):.4f} "
             f"control_ratio={_med([c.ratio for c in off_splits]):.4f} "
             f"control_lo={_med([c.ci[0] for c in off_splits]):.4f} control_hi={_med([c.ci[1] for c in off_splits]):.4f} "
             f"control_within={_med([c.within for c in off_splits]):.4f} "
