@@ -55,6 +55,10 @@
     exact_before=<n> load=<1-min load>``; exits 1 if a fault cut off was not caught by the next launch, or its result
     is not bit-equal to a clean run.
 
+(e) What a running auditor costs the trainer, measured inside one run (its windows with the auditor running against
+    the pauses beside them, an audit-free control split the same way, CPU burners beside it): its own script,
+    ``scripts/bench_audit_within.py``, with its own line; part (b)'s pairs cannot resolve 0.5 %.
+
 Prints a table, then one line ``caught=<fraction> faults=<n> fault_to_mismatch_steps=<median> fault_to_verdict_steps=<median>
 fault_to_verdict_intervals=<max> exact=<0|1> steps_per_s_off=<median> steps_per_s_audit=<median>
 throughput_ratio=<median of the pairs' ratios> ratio_min=<x> ratio_max=<x> pairs=<n> together=<0|1>
