@@ -43,6 +43,7 @@ from procsv.ipc.codec import ProtocolError, decode
 from procsv.ipc.messages import Promotion, StandbyReady
 from procsv.ipc.transport import make_socket, send
 from procsv.trainer import outcome
+from procsv.trainer.ends import deathnotice
 from procsv.trainer.standby import priority, servers
 
 
@@ -52,7 +53,10 @@ _standing_by = False  # this process is a hot standby not promoted (yet): :func:
 
 def leave() -> NoReturn:
     """End this process at once with 0, nothing of the program's after it (no checkpoint, no teardown): a standby
-    the run no longer needs, an auditor that answered (issue 71)."""
+    the run no longer needs, an auditor that answered (issue 71). A clean end: a standby's death-notice mutex is
+    released first (else the watchdog read its end as a death, a ``death_noticed`` record before its exit 0 whenever
+    its teardown was slow: at idle CPU priority on a loaded machine, seconds)."""
+    deathnotice.release()
     os._exit(0)
 
 def stand_by() -> None:
@@ -81,7 +85,7 @@ def wait_for_promotion(ctx: ChildContext) -> ChildConfig:
     os.set_blocking(w, False)
     old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     old_usr1 = signal.signal(signal.SIGUSR1, on_promote)
-    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))  # unless blocked (below)
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: leave())  # unless blocked (below)
     senders = _Senders.open(ctx.config.parent_pid)
     if outcome.early_stop_signal() is not None:
         leave()  # the run ended while this standby was still getting ready
