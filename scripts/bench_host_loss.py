@@ -317,6 +317,17 @@ def regroup(root: str, name: str, elastic: bool) -> dict[str, Any]:
     return out
 
 
+def keep(root: str, name: str, into: str) -> None:
+    """Copy run ``name``'s logdir and its launches' stderr from ``root`` under ``into`` (``--keep``)."""
+    os.makedirs(into, exist_ok=True)
+    src = os.path.join(root, name)
+    with contextlib.suppress(OSError):
+        shutil.copytree(src, os.path.join(into, name), dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+    for tail in (".out", ".agent"):
+        with contextlib.suppress(OSError):
+            shutil.copy(src + tail, os.path.join(into, name + tail))
+
+
 def _tree(pid: int) -> list[int]:
     """``pid`` and every process under it (node 0's launch: its watchdog, services, trainers, standbys)."""
     import psutil
@@ -736,6 +747,7 @@ def main() -> int:
     ap.add_argument("--partitions", default="2,10,30", help="--only heal: the partitions' lengths past node_lost (s)")
     ap.add_argument("--together", action="store_true", help="the false-loss runs at once (each its own job)")
     ap.add_argument("--kinds", default=",".join(k for k, _ in KINDS), help="the false-loss runs, by name")
+    ap.add_argument("--keep", default="", help="copy each regroup run's logdir (and its .err files) under this folder")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_host_loss: needs root (network namespaces, mounts)", file=sys.stderr)
@@ -779,11 +791,15 @@ def main() -> int:
         if args.only in (None, "regroup"):
             for i in range(args.repeats):
                 for elastic in ((True, False) if i % 2 == 0 else (False, True)):
+                    name = f"regroup{i}{'e' if elastic else 'a'}"
                     try:
-                        got = regroup(root, f"regroup{i}{'e' if elastic else 'a'}", elastic)
+                        got = regroup(root, name, elastic)
                     except BenchError as exc:
                         failures.append(f"regroup ({'--min-nodes 1' if elastic else 'every host'}): {exc}")
                         continue
+                    finally:
+                        if args.keep:
+                            keep(root, name, args.keep)
                     (shrinks if elastic else backs).append(got)
                     print(f"regroup, {'--min-nodes 1' if elastic else 'every host'}: {got}; load "
                           f"{os.getloadavg()[0]:.1f}", flush=True)
