@@ -18,13 +18,11 @@ from typing import Any, Callable, Optional
 import zmq
 
 from conftest import wait_for
-from procsv.common.bootstrap import Place
 from procsv.common.layout import Layout
 from procsv.ipc.messages import MemberStarted, NodeHello, Progress, Relayed, RestoreSource, TrainerReady
 from procsv.ipc.transport import Endpoints, bind_private, make_socket, send
 from procsv.status import render
 from procsv.trainer.nonfinite import notices
-from procsv.trainer.standby.warmup import instantiated_early
 from procsv.watchdog import observe
 from procsv.watchdog.config import LaunchConfig
 from procsv.common import curve
@@ -829,13 +827,3 @@ def test_an_agents_lines_are_written_by_a_thread_so_a_stalled_stderr_never_holds
         gate.set()
         agent.terminal.close()
     assert stalled.getvalue().count("procsv node 1: this agent was stopped for 10.0 s") == 3, stalled.getvalue()
-
-
-def test_a_groups_workers_instantiate_their_step_before_the_restore_and_its_chief_only_traces() -> None:
-    """A worker waits for its chief's restore before its own (the group's pin): it instantiates its warmed-up step
-    in that wait, not in its first step after it, which the whole group's first step waited for (after a host came
-    back, issue 70). The chief does not (every member waits for its restore), nor a trainer alone (it instantiates as
-    ever: ``alone``), nor a ``--ps`` task."""
-    assert [instantiated_early(Place(rank=r, nproc=n)) for r, n in ((0, 2), (1, 2), (3, 4), (0, 1))] == \
-        [False, True, True, False]
-    assert not instantiated_early(Place(rank=1, nproc=2, ps=1))

@@ -384,8 +384,7 @@ class Supervisor(SupervisorNames):
         self._phase = Phase.LIVE
         self._boundary.standard_started = start_standard_services  # False: the program calls start_standard_services()
         prepared_at, w0 = time.time(), self._clock()  # wall time: compared with the watchdog's records
-        # a group's step runs collectives: the chief only traces, its workers instantiate too, a standby group runs it
-        # on shadows (see warmup)
+        # a group's step runs collectives: only traced, but on shadows in a standby group (see warmup)
         child = self._config  # (config: the program's tf.ConfigProto)
         self._warm_ups.run(alone=child.place.nproc == 1, standby=self._ctx is not None and child.standby,
                            config=child)

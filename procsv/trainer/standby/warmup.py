@@ -19,16 +19,8 @@ cancelled call ("Function was cancelled before it was started", in
 would have run the step: that is an error here, raised before anything is restored or trained
 (tests/test_warm_up.py pins the behaviour of the TensorFlow installed).
 
-In a group (``--nproc`` > 1) the chief only traces, and each other member also instantiates
-(:func:`instantiated_early`): a group's step runs collectives with the other trainers, and the
-cancelled call of such a step runs none of them either (it is refused before its first op, as
-above: two members of the digits group that instantiated it first trained bit for bit as two that
-did not). A member waits for the chief's restore before its own (the chief's pin,
-:class:`procsv.trainer.replica.GroupPin`): the instantiation it made before that wait is off the
-group's first step (the group's first step after a host came back, issue 70: a member instantiated
-its step in that step, after its restore, which came after the chief's; the digits step's first run in
-the second of two members, 1 s after the chief's, took 1.48 s without it and 0.20 s with it, at load 22). The chief does not: its restore is what every member
-waits for, and its own first step's instantiation overlaps their restores. A standby group's
+In a group (``--nproc`` > 1) the Supervisor only traces: a group's step runs collectives with the
+other trainers, and a cancelled call of such a function has not been tried. A standby group's
 members (:mod:`procsv.watchdog.rules.standby`) also run the step once on shadows, all at the same
 time, so its collectives run among them: a collective keeps no state of the program's, and a
 captured variable handle the step does not list among its variables (the collectives' ordering
@@ -51,7 +43,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from procsv.common.bootstrap import ChildConfig, Place
+from procsv.common.bootstrap import ChildConfig
 from procsv.common.errors import UnsupportedState
 from procsv.common.exitcodes import EXIT_NO_SHADOW_RUN
 
@@ -68,17 +60,15 @@ class WarmUps:
         session is prepared, before the restore, and have TensorFlow instantiate the traced function
         (optimize and place its graph); in a hot standby before it waits, so that a promoted
         standby's first step pays neither. Nothing runs: no variable changes, no summary (this
-        module's docstring says how). In a group (``--nproc`` > 1) the chief only traces it, its other members
-        instantiate it too (:func:`instantiated_early`), and a standby group's member also runs it on shadows. Give
-        arguments of the loop's shapes and dtypes (numpy arrays or tensors; another shape is traced again at its
-        first call, as always)."""
+        module's docstring says how). In a group (``--nproc`` > 1) it is only traced (a standby group's
+        member also runs it on shadows). Give arguments of the loop's shapes and dtypes (numpy arrays
+        or tensors; another shape is traced again at its first call, as always)."""
         if not callable(getattr(fn, "get_concrete_function", None)):
             raise TypeError(f"Supervisor.warm_up takes a tf.function, not {type(fn).__name__}")
         self._pending.append((fn, args, kwargs))
 
     def run(self, alone: bool, standby: bool, config: ChildConfig = ChildConfig()) -> None:
-        """Trace (and, ``alone``: not in a group, or a group's worker, :func:`instantiated_early`, instantiate) every
-        pending function; in a hot
+        """Trace (and, ``alone``: not in a group, instantiate) every pending function; in a hot
         ``standby`` also run each once on shadows of its variables (idle time: make its kernels too),
         unless a standby group's members were told to skip that (``config.shadow_run``: the watchdog's
         ``PROCSV_SHADOW_RUN=0``; ``config.shadow_memory``: the group's one memory figure). A standby
@@ -89,20 +79,12 @@ class WarmUps:
             print("procsv: standby group member: this run's standby groups skip the step's run on shadows (a member "
                   "of an earlier one could not run it): its first step makes its kernels", flush=True)
         for fn, args, kwargs in self._pending:
-            trace_and_instantiate(fn, args, kwargs, instantiate_too=alone or instantiated_early(config.place))
+            trace_and_instantiate(fn, args, kwargs, instantiate_too=alone)
             if shadows:  # (a standby group: every member runs it, its collectives among them)
                 if standby_run(fn, args, kwargs, frozenset() if alone else COLLECTIVES,
                                config.shadow_memory) and not alone:
                     raise SystemExit(EXIT_NO_SHADOW_RUN)
         self._pending = []
-
-
-def instantiated_early(place: Place) -> bool:
-    """Whether a member of a group instantiates its warmed-up functions before its restore, not only traces them:
-    a group's worker (rank > 0), which waits for its chief's restore before its own, and so instantiates in that
-    wait what its first step, after the restore, would instantiate (the module's docstring). Not the chief (every
-    member waits for its restore), nor a ``--ps`` task (a parameter-server strategy's cancelled call is untried)."""
-    return place.nproc > 1 and place.rank > 0 and place.ps == 0
 
 
 def trace_and_instantiate(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], instantiate_too: bool) -> bool:
