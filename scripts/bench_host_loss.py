@@ -794,7 +794,7 @@ def main() -> int:
     ap.add_argument("--every-host", action="store_true", help="--only regroup: only the runs without --min-nodes")
     ap.add_argument("--baseline", default="", help="--only blip, regroup: a checkout of the code before, run beside "
                                                    "this one's (interleaved)")
-    ap.add_argument("--keep", default="", help="copy each regroup run's logdir (and its .err files) under this folder")
+    ap.add_argument("--keep", default="", help="copy each regroup run's logdir (and its launches' output) under this folder")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_host_loss: needs root (network namespaces, mounts)", file=sys.stderr)
@@ -906,8 +906,10 @@ def main() -> int:
         print("| --- | --- | " + ("--- |" if before else ""))
         for key in ("back", "beyond", "hello_spawn", "worker_spawned", "chief_up", "worker_up", "chief_prepared",
                     "worker_prepared", "chief_warm", "worker_warm", "chief_ready", "worker_ready", "chief_restore",
-                    "worker_restore", "ready_first", "load"):
+                    "worker_restore", "ready_first"):
             print(f"| {key} | {col(backs, key)} | " + (f"{col(before, key)} |" if before else ""))
+        loads = (lambda rs: f"{min(r['load'] for r in rs):g}-{max(r['load'] for r in rs):g}" if rs else "-")
+        print(f"| 1-min load at each run's end | {loads(backs)} | " + (f"{loads(before)} |" if before else ""))
     if args.only in (None, "regroup"):
         if (len(shrinks) < args.repeats and not args.every_host) or len(backs) < args.repeats:
             failures.append("a regroup run did not get as far as its measure")
