@@ -29,7 +29,12 @@ filesystem stall).
   start-up, strategy and the read of the state; issue 70's goal is 1 s plus that). Without it: the packets pass
   again ``HEAL_SECS`` after ``node_lost``; from the agent's hello (``node_joined``) to the group of two's first
   step, the restore apart (the goal: 1 s plus that), and from the packets passing to that hello. Each with the steps re-done (the last step trained before minus the step restored) and
-  where the restore came from (``restored``'s ``source``).
+  where the restore came from (``restored``'s ``source``). Without it, where the time from the hello went too
+  (a second table, medians): the worker's start, each member's strategy, start-up, warm-up and restore (the
+  worker's ``worker_ready`` record), and from the later member's restore to the group's first step.
+  ``--every-host``: only the runs without ``--min-nodes``; ``--baseline DIR``: each run again with a checkout of
+  the code before (both launches run its ``procsv``), interleaved, its column beside; ``--keep DIR``: each run's
+  logdir copied there.
 
 - **A partition healed** (``--only heal``, alone: its own table and line), ``--repeats`` runs of each length and
   agent, interleaved: the sleeper job (no TensorFlow), node_lost, then the second host's packets dropped on for
@@ -94,8 +99,8 @@ import threading
 import time
 from typing import Any, Iterator, Optional
 
-from bench_group import (EXAMPLE, NET, NS, VETH, BenchError, chief_first_step, events, find, launch,  # scripts/
-                         second_host, status, stop, wait)
+from bench_group import (ENV, EXAMPLE, NET, NS, VETH, BenchError, chief_first_step, events, find, launch,  # scripts/
+                         second_host, status, stop, strategy_up, wait)
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 MASTER, HOST1 = f"{NET}.1", f"{NET}.11"
@@ -270,15 +275,17 @@ KINDS = (("cpu", "two CPU hogs per core on its host"), ("sigstop", "agent SIGSTO
          ("fsstall", "logdir's filesystem frozen 10 s every 30 s"), ("stop10", "agent SIGSTOPped 10 s every 30 s"))
 
 
-def regroup(root: str, name: str, elastic: bool) -> dict[str, Any]:
-    """One silent loss of the second host under a TensorFlow group of two (see the module's docstring)."""
+def regroup(root: str, name: str, elastic: bool, tree: str = "") -> dict[str, Any]:
+    """One silent loss of the second host under a TensorFlow group of two (see the module's docstring); ``tree``: a
+    checkout whose ``procsv`` both launches run (``--baseline``; "" for this one's)."""
     logdir = os.path.join(root, name)
     os.makedirs(logdir)
     example = [*EXAMPLE, "--steps", "1000000", "--save-model-secs", "1"]
     group = ("--nproc", "1", "--nnodes", "2", "--master-addr", f"{MASTER}:{random.randint(30000, 60000)}",
              "--group-grace-secs", "0")
-    master = launch(logdir, ["--min-nodes", "1"] if elastic else [], example, group)
-    agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent")
+    env = dict(ENV, PYTHONPATH=os.pathsep.join(p for p in (tree, ENV.get("PYTHONPATH", "")) if p)) if tree else None
+    master = launch(logdir, ["--min-nodes", "1"] if elastic else [], example, group, env=env)
+    agent = launch(logdir, [], example, (*group, "--node-rank", "1"), ("ip", "netns", "exec", NS), ".agent", env=env)
     out: dict[str, Any] = {"elastic": elastic}
     try:
         wait(lambda: chief_first_step(logdir, 1), 300, "the group's first step")
@@ -314,7 +321,56 @@ def regroup(root: str, name: str, elastic: bool) -> dict[str, Any]:
     finally:
         out["code"] = stop(master)
         stop(agent, 30)
+    if not elastic and "back" in out:
+        out.update(parts(logdir, joined["time"], spawned, first))
     return out
+
+
+def parts(logdir: str, hello: float, spawned: dict[str, Any], first: dict[str, Any]) -> dict[str, Any]:
+    """Where the group of two's time from the hello went, each from the hello (s): the worker's start
+    (``worker_spawned``: node 0 heard its MemberStarted), each member's strategy up (the example's own line),
+    ``*_prepared`` (its program's start-up done), ``*_ready`` (restored: the chief's ``restored``, the worker's
+    ``worker_ready``, else its ``trained`` record's ``ready_at``, a checkout before the record), and
+    ``ready_first``: from the later member's restore to the group's first step (its first step's instantiation,
+    kernels and first collective). Read once the launches ended (the worker's ``trained`` record is at its end)."""
+    ev = events(logdir)
+    a = spawned["attempt"]
+    worker = find(ev, "spawned", role="worker1", attempt=a)
+    chief = find(ev, "restored", pid=first["pid"]) or find(ev, "initialized", pid=first["pid"]) or {}
+    ready = (find(ev, "worker_ready", pid=worker["pid"]) if worker else None) or {}
+    trained = (find(ev, "trained", pid=worker["pid"]) if worker else None) or {}
+    rel = (lambda t: None if t is None else round(t - hello, 3))
+    out: dict[str, Any] = {"worker_spawned": rel(worker["time"]) if worker else None,
+                           "chief_up": rel(strategy_up(logdir, a)), "worker_up": rel(_up(logdir, "worker1", a)),
+                           "chief_prepared": rel(chief.get("prepared_at")), "chief_warm": chief.get("warm_secs"),
+                           "chief_ready": rel(chief.get("time")), "chief_restore": chief.get("secs"),
+                           "worker_prepared": rel(ready.get("prepared_at")), "worker_warm": ready.get("warm_secs"),
+                           "worker_ready": rel(ready.get("time", trained.get("ready_at"))),
+                           "worker_restore": ready.get("secs", trained.get("restore_secs"))}
+    later = max((t for t in (out["chief_ready"], out["worker_ready"]) if t is not None), default=None)
+    out["ready_first"] = round(first["time"] - hello - later, 3) if later is not None else None
+    return out
+
+
+def _up(logdir: str, name: str, attempt: int) -> Optional[float]:
+    """When member ``name`` of ``attempt`` had its MultiWorkerMirroredStrategy (the digits example's own line)."""
+    with contextlib.suppress(OSError):
+        with open(os.path.join(logdir, "logs", f"{name}.{attempt}.log")) as fh:
+            for line in fh:
+                if line.startswith("digits: MultiWorkerMirroredStrategy up at "):
+                    return float(line.split()[4])
+    return None
+
+
+def keep(root: str, name: str, into: str) -> None:
+    """Copy run ``name``'s logdir and its launches' stderr from ``root`` under ``into`` (``--keep``)."""
+    os.makedirs(into, exist_ok=True)
+    src = os.path.join(root, name)
+    with contextlib.suppress(OSError):
+        shutil.copytree(src, os.path.join(into, name), dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+    for tail in (".out", ".agent"):
+        with contextlib.suppress(OSError):
+            shutil.copy(src + tail, os.path.join(into, name + tail))
 
 
 def _tree(pid: int) -> list[int]:
@@ -732,10 +788,13 @@ def main() -> int:
     ap.add_argument("--blip-count", type=int, default=10, help="--only blip: blips of each length per run")
     ap.add_argument("--flap-gap", type=float, default=0.0,
                     help="--only blip: each blip two, this many seconds apart (a flapping link; 0: one)")
-    ap.add_argument("--baseline", default="", help="--only blip: a checkout of the code before, run beside this one's")
     ap.add_argument("--partitions", default="2,10,30", help="--only heal: the partitions' lengths past node_lost (s)")
     ap.add_argument("--together", action="store_true", help="the false-loss runs at once (each its own job)")
     ap.add_argument("--kinds", default=",".join(k for k, _ in KINDS), help="the false-loss runs, by name")
+    ap.add_argument("--every-host", action="store_true", help="--only regroup: only the runs without --min-nodes")
+    ap.add_argument("--baseline", default="", help="--only blip, regroup: a checkout of the code before, run beside "
+                                                   "this one's (interleaved)")
+    ap.add_argument("--keep", default="", help="copy each regroup run's logdir (and its launches' output) under this folder")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_host_loss: needs root (network namespaces, mounts)", file=sys.stderr)
@@ -753,6 +812,7 @@ def main() -> int:
     falses: dict[str, int] = {}
     shrinks: list[dict[str, Any]] = []
     backs: list[dict[str, Any]] = []
+    before: list[dict[str, Any]] = []  # --baseline's every-host runs
     failures: list[str] = []
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, root, True)  # (last: after the unmount)
@@ -777,16 +837,25 @@ def main() -> int:
                 dead.append(got["detect"])
                 print(f"dead agent, host up: found after {got['detect']:.3f} s: {got['reason']}", flush=True)
         if args.only in (None, "regroup"):
+            trees = ("", os.path.abspath(args.baseline)) if args.baseline else ("",)
             for i in range(args.repeats):
-                for elastic in ((True, False) if i % 2 == 0 else (False, True)):
-                    try:
-                        got = regroup(root, f"regroup{i}{'e' if elastic else 'a'}", elastic)
-                    except BenchError as exc:
-                        failures.append(f"regroup ({'--min-nodes 1' if elastic else 'every host'}): {exc}")
-                        continue
-                    (shrinks if elastic else backs).append(got)
-                    print(f"regroup, {'--min-nodes 1' if elastic else 'every host'}: {got}; load "
-                          f"{os.getloadavg()[0]:.1f}", flush=True)
+                modes = (False,) if args.every_host else ((True, False) if i % 2 == 0 else (False, True))
+                for elastic in modes:
+                    for tree in (trees if i % 2 == 0 else trees[::-1]):  # (interleaved: the load falls on both)
+                        name = f"regroup{i}{'e' if elastic else 'a'}{'b' if tree else ''}"
+                        try:
+                            got = regroup(root, name, elastic, tree)
+                        except BenchError as exc:
+                            failures.append(f"regroup ({'--min-nodes 1' if elastic else 'every host'}"
+                                            f"{', baseline' if tree else ''}): {exc}")
+                            continue
+                        finally:
+                            if args.keep:
+                                keep(root, name, args.keep)
+                        got["load"] = round(os.getloadavg()[0], 1)
+                        (before if tree else shrinks if elastic else backs).append(got)
+                        print(f"regroup, {'--min-nodes 1' if elastic else 'every host'}"
+                              f"{' (baseline)' if tree else ''}: {got}", flush=True)
         if args.only in (None, "slow"):
             kinds = [k for k in args.kinds.split(",") if k]
 
@@ -831,8 +900,18 @@ def main() -> int:
     print(f"|   packets passing -> the agent's hello | {col(backs, 'healed_hello')} |")
     print(f"|   steps re-done; restored from | {[r['redone'] for r in backs]}; {[r['source'] for r in backs]} |")
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    if backs:
+        print()
+        print("| every host, from the hello (s) | this checkout | " + ("baseline |" if before else ""))
+        print("| --- | --- | " + ("--- |" if before else ""))
+        for key in ("back", "beyond", "hello_spawn", "worker_spawned", "chief_up", "worker_up", "chief_prepared",
+                    "worker_prepared", "chief_warm", "worker_warm", "chief_ready", "worker_ready", "chief_restore",
+                    "worker_restore", "ready_first"):
+            print(f"| {key} | {col(backs, key)} | " + (f"{col(before, key)} |" if before else ""))
+        loads = (lambda rs: f"{min(r['load'] for r in rs):g}-{max(r['load'] for r in rs):g}" if rs else "-")
+        print(f"| 1-min load at each run's end | {loads(backs)} | " + (f"{loads(before)} |" if before else ""))
     if args.only in (None, "regroup"):
-        if len(shrinks) < args.repeats or len(backs) < args.repeats:
+        if (len(shrinks) < args.repeats and not args.every_host) or len(backs) < args.repeats:
             failures.append("a regroup run did not get as far as its measure")
         failures += [f"regroup run exited {r['code']} (want 143: stopped by the bench)"
                      for r in shrinks + backs if r["code"] not in (143, 1)]

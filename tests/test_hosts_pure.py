@@ -226,7 +226,13 @@ def test_an_agent_relays_its_members_non_finite_reports_to_node_0_as_they_sent_t
     finally:
         nodes.close()
     # node 0 observes them as the launcher's _on_nodes does: the events, the counts status.json shows
-    assert [r.event for r in reports if r.event] == [Event.NONFINITE_DETECTED, Event.ROLLED_BACK, Event.STEP_SKIPPED]
+    assert [r.event for r in reports if r.event] == [Event.WORKER_READY, Event.NONFINITE_DETECTED, Event.ROLLED_BACK,
+                                                     Event.STEP_SKIPPED]
+    # the worker's restore is a record of its own (before: none, only its trained record at its end, so the time
+    # from a group's hello to its first step had no worker's restore to be told by)
+    assert reports[0].fields == {"role": "worker1", "attempt": 1, "pid": os.getpid(), "step": 20,
+                                 "path": "/run/model.ckpt-20", "secs": 0.1, "prepared_at": None, "warm_secs": 0.0,
+                                 "source": None}
     assert (view.findings.nonfinite, view.rollbacks, view.skipped_steps) == (1, 1, [25])
     assert view.children["worker1"].ready_at == 2.0  # its restore, heard through the ready message read first
     record = status_record(view, LaunchConfig("t", [], layout.logdir, nnodes=2), layout, 3.0, 3.0, 0.0, None)

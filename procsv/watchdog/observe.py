@@ -109,8 +109,11 @@ def _ready(view: RunView, msg: TrainerReady, now: float, slot: Optional[str] = N
             # it started from what it restored: below the newest commit known (that one was skipped as
             # corrupt, or nothing was restored), a commit above its restore is its progress
             child.commit_base = min(child.commit_base, msg.step)
-    if child.role == WORKER:
-        return []
+    if child.role == WORKER:  # (when it restored: where a group's start after the chief's restore goes)
+        return [Report(Event.WORKER_READY, {"role": child.slot, "attempt": msg.attempt, "pid": msg.pid, "step": msg.step,
+                                            "path": msg.restored_from, "secs": round(msg.restore_secs, 4),
+                                            "prepared_at": msg.prepared_at, "warm_secs": round(msg.warm_secs, 4),
+                                            "source": msg.source.value if msg.source is not None else None})]
     view.step = msg.step
     child.save_secs, child.save_steps = msg.save_secs, msg.save_steps
     view.commit_step = max(view.commit_step, msg.step)

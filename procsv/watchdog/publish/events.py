@@ -17,6 +17,9 @@ initialized            pid, step, path (null), secs, skipped (corrupt checkpoint
 restored               pid, step, path, secs, skipped, prepared_at, warm_secs, source (memory: a group's in-memory snapshot; disk)
                        (prepared_at: the wall time the trainer began preparing its session, its program's
                        start-up done; warm_secs: its Supervisor.warm_up before the restore; secs: the restore)
+worker_ready           role, attempt, pid, step, path, secs, prepared_at, warm_secs, source
+                       (a group's worker, on any host, restored what its chief pinned, or initialized: path and
+                       source null; relayed by its host's agent as its other reports are; the fields as restored's)
 first_step             pid, step, secs_since_spawn
 checkpoint_committed   step, path, reason, secs
 checkpoint_failed      step, error
@@ -34,7 +37,8 @@ trained                role, attempt, pid, step, step_at, busy_secs, busy_from, 
                        before its first step; busy_secs: its loop blocked by snapshots; busy_from: blocked from
                        then to its end, or null; ready_at/restored_step/restore_secs: its state restored, null
                        before; first_at/first_step: its first completed step, null before; a worker has no
-                       restored/first_step records of its own): written just before its ``exited``
+                       restored/first_step records of its own, its worker_ready at its restore): written just
+                       before its ``exited``
 restarting             attempt (the next one), delay, error, rollback_step
                        (rollback_step: a trainer group's rollback, the step its members skip: a rollback, not
                        counted as a restart; else null)
@@ -123,6 +127,7 @@ class Event(str, enum.Enum):
     ZYGOTE_GONE = "zygote_gone"
     INITIALIZED = "initialized"
     RESTORED = "restored"
+    WORKER_READY = "worker_ready"
     FIRST_STEP = "first_step"
     CHECKPOINT_COMMITTED = "checkpoint_committed"
     CHECKPOINT_FAILED = "checkpoint_failed"
@@ -169,6 +174,7 @@ SCHEMA: dict[Event, frozenset[str]] = {
     Event.ZYGOTE_GONE: frozenset({"pid"}),
     Event.INITIALIZED: _RESTORE,
     Event.RESTORED: _RESTORE,
+    Event.WORKER_READY: frozenset({"role", "attempt", "pid", "step", "path", "secs", "prepared_at", "warm_secs", "source"}),
     Event.FIRST_STEP: frozenset({"pid", "step", "secs_since_spawn"}),
     Event.CHECKPOINT_COMMITTED: frozenset({"step", "path", "reason", "secs"}),
     Event.CHECKPOINT_FAILED: frozenset({"step", "error"}),

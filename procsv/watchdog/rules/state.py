@@ -190,7 +190,7 @@ class ChildView:
     def trained(self, now: float, wall: float) -> dict[str, Any]:
         """A trainer's (or a group's worker's) ``trained`` lifecycle record, at its end ``now``
         (``wall`` on the wall clock): a worker has no ``restored``/``first_step`` records of its
-        own, so its restore and first step are here too."""
+        own (its restore has a ``worker_ready`` record), so its restore and first step are here too."""
         def at(t: Optional[float]) -> Optional[float]:
             return None if t is None else round(wall - (now - t), 3)
         stepped = self.first_step_at is not None
