@@ -75,6 +75,11 @@ def test_an_unkillable_service_does_not_keep_a_failed_launch_alive(logdir, tmp_p
         summary = wait_role_pid(logdir, "summary", 60)
         trainer = wait_role_pid(logdir, "trainer", 60)
         _freeze(frozen_cgroup, summary)
+        # one thread of the trainer's, not its main thread, stuck too (cgroup v1 moves a single thread): the
+        # SIGKILL ends the main thread, whose death notice comes at once, while the process stays (a zombie
+        # leader and a thread in D) as one whose data loader thread waits on a hung NFS server
+        _write(os.path.join(frozen_cgroup, "tasks"), str(next(t for t in os.listdir(f"/proc/{trainer}/task")
+                                                              if int(t) != trainer)))
         os.kill(trainer, signal.SIGKILL)  # no restarts left: the run fails and stops its services
         code, _, err = finish(proc, 60)
     finally:
@@ -84,6 +89,8 @@ def test_an_unkillable_service_does_not_keep_a_failed_launch_alive(logdir, tmp_p
     assert _state(summary) == "D"  # still there, frozen: the launch ended without it
     assert code == 1, err
     assert f"procsv: could not reap summary (pid {summary}, state D) within 5 s" in err
+    # before, the launch waited for the trainer for good: its death noticed, it was the watchdog's kill no more
+    assert f"procsv: could not reap trainer (pid {trainer}, state " in err, err
     assert calls.read_text() == "called\n"  # --on-failure ran once
     assert "left behind" not in err  # the final sweep leaves the given-up child alone
 

@@ -65,6 +65,7 @@ class ChildProcess:
         self.log_pos = 0
         self.echoes = True  # False once another attempt's process took over its log (see take_over_log)
         self.killed_at: Optional[float] = None  # when it was first SIGKILLed (the watchdog's clock)
+        self.dying_at: Optional[float] = None  # when its death notice came: it is ending (a SIGKILL from outside)
         self.look: Optional[Activity] = None  # a node agent's member: the last look at it from /proc (sent to node 0)
 
     @property
@@ -108,9 +109,11 @@ class ChildProcess:
         self.kill_group(signal.SIGKILL)
 
     def unkillable(self, now: float, limit: float = REAP_SECS) -> bool:
-        """SIGKILLed at least ``limit`` seconds ago and still not dead (its pidfd not readable): a
-        process in uninterruptible sleep (I/O that does not return, a frozen cgroup)."""
-        return self.killed_at is not None and now - self.killed_at >= limit and not self._died_within(0.0)
+        """SIGKILLed, or its death noticed (a trainer SIGKILLed from outside: its main thread gone), at least
+        ``limit`` seconds ago and still not dead (its pidfd not readable): a process in uninterruptible sleep (I/O
+        that does not return, a frozen cgroup), or with one thread of it there while the others have exited."""
+        since = min((t for t in (self.killed_at, self.dying_at) if t is not None), default=None)
+        return since is not None and now - since >= limit and not self._died_within(0.0)
 
     def reap(self, timeout: float = 0.0) -> Optional[int]:
         """Take the exit status of a child that died (its pidfd said so) or was SIGKILLed, waiting at most
@@ -246,6 +249,11 @@ class Unreaped:
     @property
     def pids(self) -> set[int]:
         return set(self._pids)
+
+    @property
+    def handles(self) -> tuple[ChildProcess, ...]:
+        """The children given up on (not reaped: each pid is still theirs)."""
+        return tuple(self._handles)
 
     def add(self, handle: ChildProcess) -> str:
         """Give up on ``handle``; returns the line to say."""

@@ -343,9 +343,11 @@ class Executor(Prewarmed):
 
     def _predecessors(self, attempt: int) -> list[int]:
         """This host's trainer processes of attempts before ``attempt`` not reaped yet (dead, their teardown still
-        releasing what they held, or being killed): the new attempt's program starts once they are gone
+        releasing what they held, being killed, or given up on while stuck in the kernel and holding it still): the new
+        attempt's program starts once they are gone
         (:mod:`procsv.trainer.ends.predecessors`). A standby or an auditor is not one: it runs beside the trainer."""
-        return sorted(h.pid for (slot, older), h in self.handles.items()
+        given_up = [((h.slot, h.attempt), h) for h in self.unreaped.handles]  # (still stuck: still holding)
+        return sorted(h.pid for (slot, older), h in [*self.handles.items(), *given_up]
                       if older < attempt and slot in self.view.children
                       and self.view.children[slot].role in (TRAINER, WORKER))
 

@@ -98,6 +98,8 @@ class ChildEnds:
             pass
         while not self._notices.empty():
             handle, died, at, wall = self._notices.get()
+            if died and handle.dying_at is None:  # (what it waits for, its exit status, is bounded from here on)
+                handle.dying_at = at
             if died and handle.pidfd >= 0:
                 self._ask(handle, None, at, wall, ex)
 
@@ -114,7 +116,8 @@ class ChildEnds:
 
     def check_unkillable(self, ex: Executor) -> None:
         """A child that SIGKILL has not ended for ``REAP_SECS`` (uninterruptible sleep: I/O that
-        does not return, a frozen cgroup) is given up on: it counts as killed (its SIGKILL is
+        does not return, a frozen cgroup), or a trainer not dead ``REAP_SECS`` after its death notice (SIGKILLed
+        from outside while a thread of it is stuck so), is given up on: it counts as killed (its SIGKILL is
         pending) and the run goes on without waiting for it, so a stop or a failure still ends the
         launch with its outcome (and ``--on-failure`` runs). One that dies later is reaped then."""
         ex.unreaped.reap_dead()
