@@ -452,7 +452,10 @@ def main() -> int:
         failures.append(f"gave up after {args.max_secs:g} s with {life.restarts} restarts and {life.commits} commits")
     if code != EXIT_SIGTERM:
         with open(out_path, errors="replace") as fh:
-            tail = "\n".join(fh.read().strip().splitlines()[-15:])
+            lines = fh.read().strip().splitlines()
+        # why it ended (its give-up line comes before its closing report, which fills the tail)
+        why = [ln for ln in lines[:-15] if ln.startswith("procsv: giving up")]
+        tail = "\n".join(why + lines[-15:])
         failures.append(f"the launch exited {code}, expected {EXIT_SIGTERM} (stopped by SIGTERM)\n{tail}")
     if life.restarts < args.restarts:
         failures.append(f"only {life.restarts} restarts (asked for {args.restarts})")
