@@ -205,18 +205,27 @@ class Window:
     expected: float
 
 
+def stretches(ivs: list[Interval], kind: str) -> list[tuple[int, int]]:
+    """The maximal runs of consecutive intervals of ``kind``, as ``ivs[i:j]`` bounds."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ivs):
+        if ivs[i].kind != kind:
+            i += 1
+            continue
+        j = i
+        while j < len(ivs) and ivs[j].kind == kind:
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
 def windows(ivs: list[Interval], local: float) -> list[Window]:
     """The run stretches (consecutive run intervals) with their local baselines; a stretch with less than a tenth of a
     second of pause beside it is left out."""
     out = []
-    i = 0
-    while i < len(ivs):
-        if ivs[i].kind != RUN:
-            i += 1
-            continue
-        j = i
-        while j < len(ivs) and ivs[j].kind == RUN:
-            j += 1
+    for i, j in stretches(ivs, RUN):
         secs = sum(iv.secs for iv in ivs[i:j])
         steps = sum(iv.steps for iv in ivs[i:j])
         near: list[Interval] = []
@@ -231,7 +240,6 @@ def windows(ivs: list[Interval], local: float) -> list[Window]:
         base_secs = sum(iv.secs for iv in near)
         if base_secs >= 0.1:
             out.append(Window(secs, steps, secs * sum(iv.steps for iv in near) / base_secs))
-        i = j
     return out
 
 
@@ -290,14 +298,7 @@ def null_errors(ivs: list[Interval], length: float, local: float) -> list[float]
     run interval), each against the pause beside it in the same stretch as a run window is against its own; their
     relative errors (steps made over steps expected, less 1)."""
     errs: list[float] = []
-    i = 0
-    while i < len(ivs):
-        if ivs[i].kind != PAUSE:
-            i += 1
-            continue
-        j = i
-        while j < len(ivs) and ivs[j].kind == PAUSE:
-            j += 1
+    for i, j in stretches(ivs, PAUSE):
         stretch = ivs[i:j]
         k = 0
         while True:
@@ -320,7 +321,6 @@ def null_errors(ivs: list[Interval], length: float, local: float) -> list[float]
             rate = sum(iv.steps for iv in near) / sum(iv.secs for iv in near)
             errs.append(sum(iv.steps for iv in stretch[a:b]) / (secs * rate) - 1.0 if rate > 0 else 0.0)
             k = c
-        i = j
     return errs
 
 

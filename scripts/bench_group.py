@@ -158,10 +158,11 @@ def chief_first_step(logdir: str, attempt: int) -> Optional[dict[str, Any]]:
     return find(ev, "first_step", pid=spawned["pid"]) if spawned else None
 
 
-def strategy_up(logdir: str, attempt: int) -> Optional[float]:
-    """When the chief of ``attempt`` had its MultiWorkerMirroredStrategy (the digits example's own line)."""
+def strategy_up(logdir: str, attempt: int, name: str = "trainer") -> Optional[float]:
+    """When member ``name`` (the chief: ``trainer``) of ``attempt`` had its MultiWorkerMirroredStrategy (the digits
+    example's own line)."""
     with contextlib.suppress(OSError):
-        with open(os.path.join(logdir, "logs", f"trainer.{attempt}.log")) as fh:
+        with open(os.path.join(logdir, "logs", f"{name}.{attempt}.log")) as fh:
             for line in fh:
                 if line.startswith("digits: MultiWorkerMirroredStrategy up at "):
                     return float(line.split()[4])

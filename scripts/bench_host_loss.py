@@ -341,7 +341,7 @@ def parts(logdir: str, hello: float, spawned: dict[str, Any], first: dict[str, A
     trained = (find(ev, "trained", pid=worker["pid"]) if worker else None) or {}
     rel = (lambda t: None if t is None else round(t - hello, 3))
     out: dict[str, Any] = {"worker_spawned": rel(worker["time"]) if worker else None,
-                           "chief_up": rel(strategy_up(logdir, a)), "worker_up": rel(_up(logdir, "worker1", a)),
+                           "chief_up": rel(strategy_up(logdir, a)), "worker_up": rel(strategy_up(logdir, a, "worker1")),
                            "chief_prepared": rel(chief.get("prepared_at")), "chief_warm": chief.get("warm_secs"),
                            "chief_ready": rel(chief.get("time")), "chief_restore": chief.get("secs"),
                            "worker_prepared": rel(ready.get("prepared_at")), "worker_warm": ready.get("warm_secs"),
@@ -350,16 +350,6 @@ def parts(logdir: str, hello: float, spawned: dict[str, Any], first: dict[str, A
     later = max((t for t in (out["chief_ready"], out["worker_ready"]) if t is not None), default=None)
     out["ready_first"] = round(first["time"] - hello - later, 3) if later is not None else None
     return out
-
-
-def _up(logdir: str, name: str, attempt: int) -> Optional[float]:
-    """When member ``name`` of ``attempt`` had its MultiWorkerMirroredStrategy (the digits example's own line)."""
-    with contextlib.suppress(OSError):
-        with open(os.path.join(logdir, "logs", f"{name}.{attempt}.log")) as fh:
-            for line in fh:
-                if line.startswith("digits: MultiWorkerMirroredStrategy up at "):
-                    return float(line.split()[4])
-    return None
 
 
 def keep(root: str, name: str, into: str) -> None:
