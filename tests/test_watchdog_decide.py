@@ -97,6 +97,17 @@ class Sim:
         """A Progress of ``step`` (``stepped``: its session completed a step; False before any)."""
         return observe.heard(self.view, Progress(self.trainer.pid, step, 0.0, busy, stepped), self.now)
 
+    def train(self, secs: float, every: float = 0.1) -> list[Action]:
+        """``secs`` of training: every ``every`` s a step completes (its Progress), then the round decides; the
+        actions of all of them."""
+        out: list[Action] = []
+        end = self.now + secs
+        while self.now < end - 1e-9:
+            self.now += min(every, end - self.now)
+            self.progress(self.trainer.step + 1)
+            out += self.tick()
+        return out
+
     def commit(self, step: int) -> None:
         observe.heard(self.view, SaveResult(step, "periodic", True, f"model.ckpt-{step}", None, 0.1), self.now)
 
@@ -930,15 +941,15 @@ def test_checkpoints_that_stop_while_steps_complete_get_the_checkpoint_service_r
         sim.progress(100 * k)
         sim.commit(100 * k)
     sim.progress(500)
-    assert sim.tick(9.9) == []  # 3 intervals, but not the 10 s floor yet
-    (kill,) = sim.tick(0.2)
+    assert sim.train(9.9) == []  # 3 intervals, but not the 10 s floor yet
+    (kill,) = sim.train(0.2, every=0.2)
     assert kill.slot == CHECKPOINT and kill.cause == Cause.STALL and "no checkpoint committed for 10.1 s" in kill.reason
-    assert sim.tick(1.0) == []  # killed once
+    assert sim.train(1.0) == []  # killed once
     sim.dies(CHECKPOINT, KILLED)
     assert of(sim.tick(), RespawnService) and sim.view.children[CHECKPOINT].attempt == 2
     sim.progress(900)
-    assert sim.tick(8.0) == []  # the replacement gets a whole window of its own
-    (again,) = sim.tick(3.0)
+    assert sim.train(8.0) == []  # the replacement gets a whole window of its own
+    (again,) = sim.train(3.0, every=3.0)
     assert again == Kill(CHECKPOINT, 2, Cause.STALL, again.reason)
 
 
@@ -974,9 +985,8 @@ def test_snapshots_the_trainer_refuses_as_non_finite_are_not_a_stall_of_the_serv
         assert sim.tick(2.0) == [], k
         sim.progress(100 * k)
         observe.heard(sim.view, NonfiniteDetected(sim.trainer.pid, 100 * k, 0.0, "the loss is NaN"), sim.now)
-    assert sim.tick(9.9) == []  # the refusals end (a rollback): a hung service is still found, from the last one
-    sim.progress(4000)
-    (kill,) = sim.tick(0.2)
+    assert sim.train(9.9) == []  # the refusals end (a rollback): a hung service is still found, from the last one
+    (kill,) = sim.train(0.2, every=0.2)
     assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "10.1 s" in kill.reason
 
 
@@ -998,8 +1008,8 @@ def test_a_service_loading_what_its_commit_needs_is_never_killed_and_its_window_
     reports = observe.heard(sim.view, ServiceLoading(CHECKPOINT, service.pid, 1, "TensorFlow", True, 121.0), sim.now)
     assert any("loaded TensorFlow in 121.0 s" in r.say for r in reports)
     sim.progress(2000)
-    assert sim.tick(9.9) == []  # its window counts from readiness
-    (kill,) = sim.tick(0.2)
+    assert sim.train(9.9) == []  # its window counts from readiness
+    (kill,) = sim.train(0.2, every=0.2)
     assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason)
 
     stuck = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0, loading_limit_secs=900.0))
@@ -1126,11 +1136,11 @@ def test_a_service_that_crashed_and_restarts_slowly_is_not_taken_for_a_stall():
     sim.services_say_hello = False
     assert of(sim.tick(), RespawnService)
     sim.progress(500)  # the replacement imports TensorFlow slowly on a loaded machine
-    assert sim.tick(30.0) == []  # past the floor, but it cannot commit yet: not stuck
+    assert sim.train(30.0) == []  # past the floor, but it cannot commit yet: not stuck
     sim.hello(CHECKPOINT)  # imported: its window starts now
     sim.progress(900)
-    assert sim.tick(9.9) == []
-    (kill,) = sim.tick(0.2)
+    assert sim.train(9.9) == []
+    (kill,) = sim.train(0.2, every=0.2)
     assert kill == Kill(CHECKPOINT, 2, Cause.STALL, kill.reason)
 
 
@@ -1346,6 +1356,36 @@ def test_a_trainer_that_stopped_stepping_is_no_stall_of_the_checkpoint_service()
     for _ in range(60):
         assert not [a for a in sim.tick(1.0) if isinstance(a, Kill) and a.slot == CHECKPOINT]
     assert sim.trainer.hang.cause  # the hang rule judged it
+
+
+def test_the_stall_window_counts_training_time_so_long_steps_and_a_trainer_blocked_in_a_collective_never_stall_the_service():
+    """The window of "no checkpoint committed" runs to the trainer's last completed step, not to now: a save is due
+    only at a step boundary. Before: a group's chief waiting in a collective for a member that died (fresh-clone
+    run Y; no hang found, its peer's death unreported) had its healthy checkpoint service SIGKILLed every 10 s,
+    six times in a minute; and a program whose steps take 30 s under ``save_model_secs=1`` had it SIGKILLed 10 s
+    after each commit."""
+    slow = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(slow.tick(), Spawn)
+    slow.ready(save_secs=1.0)
+    slow.progress(1)
+    slow.commit(1)
+    for k in range(2, 12):  # 30-s steps, each one's snapshot committed 0.5 s after it
+        assert slow.tick(29.5) == [], k
+        slow.progress(k)
+        assert slow.tick(0.5) == [], k
+        slow.commit(k)
+
+    blocked = Sim(Limits(hang=HangLimits(None, None), stall_floor_secs=10.0))
+    assert of(blocked.tick(), Spawn)
+    blocked.ready(save_secs=1.0)
+    blocked.progress(1)
+    blocked.commit(1)
+    assert blocked.train(2.0) == []  # trains 2 s past the commit, then waits in a collective for good
+    for _ in range(120):
+        assert blocked.tick(1.0) == []
+    assert blocked.train(10.0) == []  # steps again: its first snapshot since has as long as any to commit
+    (kill,) = blocked.train(0.2, every=0.2)  # and the service still commits nothing: stalled
+    assert kill == Kill(CHECKPOINT, 1, Cause.STALL, kill.reason) and "10.1 s" in kill.reason, kill
 
 
 def test_a_stop_while_a_start_is_asked_and_never_answered_ends_when_its_grace_does():

@@ -28,7 +28,7 @@ from procsv.watchdog.rules.hang import HangLimits, inherit, looks_kept, quiet_sp
 from procsv.watchdog.rules.hosts import DEAF_SECS, GAPS_KEPT
 from procsv.watchdog.rules.nonfinitelog import detected, ended
 from procsv.common.clock.unwatched import Stop, stopped_within
-from procsv.watchdog.rules.state import (AUDITOR, PS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
+from procsv.watchdog.rules.state import (AUDITOR, PS, RESUME_GAP_SECS, SERVER, STANDBY, SUMMARY, TRAINER, WORKER, Activity, ChildView, HangView, NodeView, RunView,
                                          ZygoteState)
 
 
@@ -158,6 +158,8 @@ def _progress(view: RunView, msg: Progress, now: float, slot: Optional[str] = No
     if not (marked and busy == Busy.WAITING):  # (a marked wait again, no step since: the same wait, its clock
         child.last_progress_at = now        # from the first one's start; else a loop of them was never bounded)
     if not busy and child.first_step_at is not None:
+        if child.last_work_at is None or now - child.last_work_at > RESUME_GAP_SECS:
+            child.hang.resumed_at = now  # (training again: the checkpoint stall window starts here)
         child.last_work_at, child.work_step = now, msg.step
     return out
 

@@ -25,7 +25,8 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
 
     Judged on the current trainer's own schedule (``save_model_secs`` / ``save_checkpoint_steps``):
     its steps complete (it is not busy) but nothing committed for ``stall_factor`` intervals
-    (at least ``stall_floor_secs``), counted from its first step, the last commit, the checkpoint
+    (at least ``stall_floor_secs``) of training, up to its last completed step (not to now), counted from its first step
+    (or its first after :data:`~procsv.watchdog.rules.state.RESUME_GAP_SECS` without one), the last commit, the checkpoint
     service's readiness (its Hello, or the end of a load it announced: ``ServiceLoading``, during
     which, up to ``loading_limit_secs``, the window does not apply) or the trainer's last refusal of a snapshot of a non-finite state, whichever
     is latest. A snapshot the trainer found overdue (``SaveOverdue``) is a stall at once, during a
@@ -51,13 +52,20 @@ def checkpoint_stall(view: RunView, now: float, limits: Limits) -> Optional[str]
             return None  # a (re)started service still importing TensorFlow is not stuck (SaveOverdue still applies)
         # a replacement service gets a whole window of its own, from the moment it can commit
         since = max(since, service.running_at if service.running_at is not None else service.started)
-    silent = now - since
-    if silent < limits.stall_floor_secs:
-        return None
-    if t.save_secs and t.save_secs > 0 and silent > limits.stall_factor * t.save_secs:
+    # the trainer's training since then, to its last completed step: a save is due only at a step boundary,
+    # so a trainer that stopped stepping (hung in a collective, its filesystem frozen, a step of minutes)
+    # leaves the service nothing to commit, and its silence is not the service's
+    trained_to = now if t.last_work_at is None else min(now, t.last_work_at)
+    # on a time schedule the window starts again where it steps again: its first snapshot then has the time
+    # any other has to commit (on a step schedule the steps count: they were taken whatever the pause between)
+    resumed = since if t.hang.resumed_at is None else max(since, t.hang.resumed_at)
+    silent = trained_to - resumed
+    if t.save_secs and t.save_secs > 0 and silent >= limits.stall_floor_secs \
+            and silent > limits.stall_factor * t.save_secs:
         return f"no checkpoint committed for {silent:.1f} s (save_model_secs={t.save_secs:g})"
     steps = view.step - max(view.commit_step, t.restored_step)
-    if t.save_steps and t.save_steps > 0 and steps > limits.stall_factor * t.save_steps:
+    if t.save_steps and t.save_steps > 0 and trained_to - since >= limits.stall_floor_secs \
+            and steps > limits.stall_factor * t.save_steps:
         return f"no checkpoint committed for {steps} steps (save_checkpoint_steps={t.save_steps})"
     return None
 

@@ -81,6 +81,9 @@ class Activity:
     kids_cpu: float = -1.0
     kids_io: int = -1
 
+RESUME_GAP_SECS = 5.0  # a trainer that completed no step for longer than this was not training (blocked in a
+# collective, its filesystem frozen, a step of minutes): the checkpoint stall window starts again at its next step
+
 
 @dataclass
 class HangView:
@@ -99,6 +102,7 @@ class HangView:
     quiet_max: float = 0.0  # its slot's longest quiet wait that ended in a step (this launch; rules.hang.quiet_span)
     judged_max: float = 0.0  # the longest stuck limit its slot was judged at (this launch): the next is twice it (capped)
     stuck_for: float = 0.0  # the stuck limit it was judged at, at this stall, its stacks asked for (0: another verdict)
+    resumed_at: Optional[float] = None  # its first completed step, or the first after RESUME_GAP_SECS without one
 
 
 @dataclass
