@@ -73,8 +73,8 @@ def test_the_point_groups_hold_every_fault_point_once():
     assert all(len(group) + killed <= 4 for group, killed in POINT_GROUPS)
 
 
-@pytest.mark.parametrize("points, then_killed", POINT_GROUPS, ids=lambda x: "+".join(x) if isinstance(x, tuple) else
-                         ("then-sigkill" if x else "-"))
+@pytest.mark.parametrize("points, then_killed", [pytest.param(*group, id="+".join(group[0]) + "+sigkill" * group[1])
+                                                 for group in POINT_GROUPS])
 def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, points, then_killed):
     spec = ",".join(f"checkpoint:{point}:2@{attempt}" for attempt, point in enumerate(points, start=1))
     env = quiet_env(PROCSV_FAULT=spec)
