@@ -486,7 +486,8 @@ def clean_weights(shared_result: Callable[[str, Callable[[str], None]], str]) ->
     def produce(logdir: str) -> None:
         # (no sleep after each step: the same weights, ~0.4 CPU-s and 2 s sooner; the killed runs compared
         # with it keep CLEAN_ARGS' pace)
-        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0"))
+        # (no restart: no hot standby)
+        code, out, err = finish(launch(logdir, *CLEAN_ARGS, "--step-delay", "0", opts=("--standby", "fork")))
         assert code == 0, err
 
     return final_weights(shared_result("clean-digits", produce))

@@ -58,57 +58,63 @@ def _service_deaths(logdir: str) -> list[dict]:
     return [e for e in lifecycle(logdir) if e["event"] == "exited" and e.get("role") == "checkpoint"]
 
 
-@pytest.mark.parametrize("point", FAULT_POINTS)
-def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, point):
-    env = quiet_env(PROCSV_FAULT=f"checkpoint:{point}:2")  # the second commit: there is a previous one
-    # 300 steps of 20 ms: at least as long a run as before (600 of 10 ms, 1200 of 4 ms before that: a step
-    # computes ~2 ms more), half the steps to compute (the delay is a sleep; a step's CPU is its computation)
-    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.3", "--step-delay", "0.02", env=env,
+# every commit step's fault point, a launch per group of them: the service SIGKILLed at the first point at its
+# second commit, its restart at the second point at its second commit, and so on (each point once, at the
+# second commit of an attempt of its own: there is a previous one). Two launches, not one per point (seven
+# before: 2.5-3.5 CPU-s each, most of it the launch), and four deaths at most in one: five within a minute are
+# the most a service may have (``Limits.service_restart_limit``) before the run gives up on it. The second
+# launch's service is then SIGKILLed from outside, at no fault point (a launch of its own before): it is
+# restarted under the same trainer and the next checkpoint commits
+POINT_GROUPS = ((FAULT_POINTS[:4], False), (FAULT_POINTS[4:], True))
+
+
+def test_the_point_groups_hold_every_fault_point_once():
+    assert sorted(p for group, _ in POINT_GROUPS for p in group) == sorted(FAULT_POINTS)
+    assert all(len(group) + killed <= 4 for group, killed in POINT_GROUPS)
+
+
+@pytest.mark.parametrize("points, then_killed", [pytest.param(*group, id="+".join(group[0]) + "+sigkill" * group[1])
+                                                 for group in POINT_GROUPS])
+def test_service_killed_at_each_commit_step_leaves_a_loadable_latest_and_the_run_finishes(logdir, points, then_killed):
+    spec = ",".join(f"checkpoint:{point}:2@{attempt}" for attempt, point in enumerate(points, start=1))
+    env = quiet_env(PROCSV_FAULT=spec)
+    # 600 steps of 20 ms: the run outlasts its services' deaths, each at an attempt's second commit (every 0.3 s),
+    # and their restarts (300 for one death before; the delay is a sleep, a step's CPU its computation)
+    proc = launch(logdir, "--steps", "600", "--save-model-secs", "0.3", "--step-delay", "0.02", env=env,
                   opts=NO_STANDBY)
     try:
-        wait_for(lambda: _service_deaths(logdir), 120, what=f"the service to die at {point}")
-        trainer = wait_role_pid(logdir, "trainer")
-        assert _latest_loads(logdir) >= 1  # at once, before the restarted service repairs anything
+        trainer = None
+        for n, point in enumerate(points, start=1):
+            wait_for(lambda: len(_service_deaths(logdir)) >= n, 120, what=f"the service to die at {point}")
+            trainer = trainer or wait_role_pid(logdir, "trainer")
+            assert _latest_loads(logdir) >= 1, point  # at once, before the restarted service repairs anything
+        if then_killed:  # the SIGKILL of a service at no fault point: restarted, and the next checkpoint commits
+            victim = wait_for(lambda: next((p["pid"] for p in (raw_status(logdir) or {}).get("processes", [])
+                                            if p["role"] == "checkpoint" and p["restarts"] == len(points)), None),
+                              30, what="the last restarted service")
+            before = wait_for(lambda: committed_steps(logdir), 90, what="a committed checkpoint")[-1]
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, victim), 30, what="a new checkpoint service")
+            wait_for(lambda: committed_steps(logdir)[-1] > before, 90, what="a checkpoint from the new service")
+            assert role_pid(logdir, "trainer") == trainer
+            assert (raw_status(logdir) or {}).get("state") == "running"
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
-    death = _service_deaths(logdir)[0]
-    assert death["signal"] == "SIGKILL" and death["attempt"] == 1
+    kills = len(points) + then_killed
+    deaths = _service_deaths(logdir)[:kills]  # (then the last service's own exit, at the run's end)
+    assert [(d["signal"], d["attempt"]) for d in deaths] == [("SIGKILL", n) for n in range(1, kills + 1)]
     st = status_json(logdir)
-    assert st["state"] == "succeeded" and st["step"] == 300
+    assert st["state"] == "succeeded" and st["step"] == 600
     roles = {p["role"]: p for p in st["processes"]}
     assert roles["trainer"]["pid"] == trainer and roles["trainer"]["restarts"] == 0
-    assert roles["checkpoint"]["restarts"] == 1
-    assert _latest_loads(logdir) == 300 == committed_steps(logdir)[-1]
+    assert roles["checkpoint"]["restarts"] == kills
+    assert _latest_loads(logdir) == 600 == committed_steps(logdir)[-1]
     _all_committed_verify(logdir)
     assert os.listdir(os.path.join(logdir, ".procsv", "tmp")) == []
     leftovers = [n for n in os.listdir(logdir) if n.startswith("model.ckpt-")
                  and n.split(".")[1].split("-")[1] not in {str(s) for s in committed_steps(logdir)}]
-    assert leftovers == []  # nothing of the interrupted commit stays behind
-
-
-def test_sigkill_of_the_checkpoint_service_restarts_it_and_the_next_checkpoint_commits(logdir):
-    # 625 steps of 24 ms: at least as long a run as before (1250 of 12 ms, 2500 of 5 ms before that: a step
-    # computes ~2 ms more), half the steps to compute
-    proc = launch(logdir, "--steps", "625", "--save-model-secs", "0.3", "--step-delay", "0.024", opts=NO_STANDBY)
-    try:
-        wait_for(lambda: committed_steps(logdir), 90, what="the first committed checkpoint")
-        trainer, victim = wait_role_pid(logdir, "trainer"), wait_role_pid(logdir, "checkpoint")
-        os.kill(victim, signal.SIGKILL)
-        before = committed_steps(logdir)[-1]
-        wait_for(lambda: role_pid(logdir, "checkpoint") not in (None, victim), 30, what="a new checkpoint service")
-        wait_for(lambda: committed_steps(logdir)[-1] > before, 90, what="a checkpoint from the new service")
-        assert role_pid(logdir, "trainer") == trainer
-        assert (raw_status(logdir) or {}).get("state") == "running"
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
-    st = status_json(logdir)
-    trainer_rec = next(p for p in st["processes"] if p["role"] == "trainer")
-    assert trainer_rec["pid"] == trainer and trainer_rec["restarts"] == 0 and st["step"] == 625
-    assert _service_deaths(logdir)[0]["signal"] == "SIGKILL"
-    assert _latest_loads(logdir) == 625
-    _all_committed_verify(logdir)
+    assert leftovers == []  # nothing of an interrupted commit stays behind
 
 
 def _finished_run(logdir: str) -> None:

@@ -143,7 +143,8 @@ def test_a_launched_checkpoint_service_commits_restorable_checkpoints_without_lo
 
     # launched as from a shell (a fork of the tests' TensorFlow-importing server would seed the service
     # with TensorFlow mapped already: services/seed.py); the service never loads it itself
-    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.01", preexec_fn=_nothing)
+    proc = launch(logdir, "--steps", "300", "--save-model-secs", "0.2", "--step-delay", "0.01", preexec_fn=_nothing,
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     try:
         wait_for(lambda: len(committed_steps(logdir)) >= 2, 90, what="two committed checkpoints")
         service = wait_role_pid(logdir, "checkpoint")

@@ -54,8 +54,8 @@ def test_a_retried_session_drops_the_snapshot_it_left_and_commits_its_final_chec
     # in-memory snapshots up to a fifth of the loop's time: the 40 steps between the commit of step
     # 150 and the abort at 190 hand the service several, the newest held when the session ends
     proc = launch(logdir, "--mode", "retry", "--steps", "300", "--save-checkpoint-steps", "50", "--step-delay",
-                  "0.01", "--abort-at-step", "190", target="procsv.examples.supervised",
-                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.2"))
+                  "0.01", "--abort-at-step", "190", target="procsv.examples.supervised", opts=("--standby", "fork"),
+                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0.2"))  # (no restart: no hot standby)
     code, out, err = finish(proc)
     assert code == 0, err
     assert "supervised: aborted at step 190; retrying" in out

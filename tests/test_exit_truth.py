@@ -35,8 +35,8 @@ def test_a_42_the_program_returns_itself_is_a_failure_not_a_preemption(logdir, h
     # The in-memory tier is off: a dead attempt's held snapshot, persisted at the next restore, is a
     # new checkpoint, which resets the count of failures without progress (what --max-restarts
     # counts); with it on, how many attempts run depends on when snapshots were taken (CI saw 4)
-    proc = launch(logdir, "--how", how, target=EXITS_42, opts=("--max-restarts", "2"),
-                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+    proc = launch(logdir, "--how", how, target=EXITS_42, opts=("--max-restarts", "2", "--standby", "fork"),
+                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))  # (restarts fork: the subject is the exit code)
     code, out, err = finish(proc, 240)
     assert code == 1, err
     spawned = _events(logdir, "spawned", "trainer")

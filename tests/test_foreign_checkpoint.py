@@ -15,6 +15,7 @@ from procsv.trainer.checkpoint.restore import foreign_step
 
 TINY = os.path.join(PROGRAMS, "tiny_train.py")
 STEP = 30000
+NO_STANDBY = ("--standby", "fork")  # the launches restart nothing: no hot standby prepared beside the trainer
 
 
 def _plain_manager_run(logdir: str, step_name: str | None) -> str:
@@ -44,7 +45,7 @@ def test_a_plain_checkpoint_manager_checkpoint_resumes_at_its_stored_step(logdir
     os.makedirs(logdir)
     _plain_manager_run(logdir, step_name)
     code, out, err = finish(launch(logdir, "--steps", str(STEP + 5), "--step-delay", "0", target=TINY,
-                                   env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), timeout=300)
+                                   opts=NO_STANDBY, env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0")), timeout=300)
     assert code == 0, err
     assert f"tiny: attempt 1 starts at step {STEP}" in out
     assert f"stored in its {step_name!r} variable, {STEP}" in out
@@ -63,7 +64,8 @@ def test_a_plain_checkpoint_without_a_step_fails_at_once_with_one_line(logdir):
 
     os.makedirs(logdir)
     path = _plain_manager_run(logdir, None)
-    code, out, err = finish(launch(logdir, "--steps", str(STEP + 5), "--step-delay", "0", target=TINY), timeout=300)
+    code, out, err = finish(launch(logdir, "--steps", str(STEP + 5), "--step-delay", "0", target=TINY,
+                                   opts=NO_STANDBY), timeout=300)
     assert code != 0
     lines = [line for line in (out + err).splitlines() if "cannot tell which step" in line]
     assert lines and f"which step {path} holds: procsv did not write it" in lines[0]

@@ -345,7 +345,7 @@ def test_ten_thousand_malformed_messages_per_socket_crash_nothing_and_are_all_co
     # (steps at 0.02 s: the trainer steps, reports and commits through the fuzz; at 0.002 its steps were
     # ~5 CPU-s of the test's 14 and made the fuzz twice as long)
     proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.02", "--save-model-secs", "2",
-                  opts=("--quiet",), env=quiet_env(TMPDIR="/tmp"))
+                  opts=("--quiet", "--standby", "fork"), env=quiet_env(TMPDIR="/tmp"))  # (nothing restarts: no standby)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first step")
         wait_for(lambda: min(_rejected(logdir).values()) >= 0, 30, what="every stats file")

@@ -21,7 +21,8 @@ def test_a_program_training_from_threads_is_seen_stepping_and_its_final_checkpoi
     checkpoint is that step (before: no step was seen at all, the trainer finished "at step 0" and
     no checkpoint held the trained state). The first step is a completed one: the Supervisor's start-up
     checkpoint of step 0 before any run is not (it was, and --startup-timeout ended at session ready)."""
-    code, out, err = finish(launch(logdir, "600", target=PROGRAM, opts=("--hang-timeout", "3")), timeout=300)
+    code, out, err = finish(launch(logdir, "600", target=PROGRAM, opts=("--hang-timeout", "3", "--standby", "fork")),
+                                   timeout=300)  # (no restart: no hot standby)
     assert code == 0, err[-3000:]
     final = int(next(line for line in out.splitlines() if "final global step" in line).split()[-1])
     assert final >= 600

@@ -55,6 +55,26 @@ def test_a_fault_point_fires_on_a_range_of_hits(monkeypatch):
     assert [faults.fires("watchdog", "other") for _ in range(3)] == [False, True, False]
 
 
+def test_fault_specs_fire_each_in_the_attempt_it_names_and_only_there(monkeypatch):
+    """Several specs, separated by ``,``: each fires at its own hits, in its own attempt of the process (the
+    first where it names none); a point named for another attempt is neither fired nor counted."""
+    assert faults.parse("checkpoint:before_rename:2@3, watchdog:round,x,checkpoint:mid_delete:1-4") == [
+        faults.Spec("checkpoint", "before_rename", 2, 2, 3), faults.Spec("watchdog", "round", 1, 1, 1),
+        faults.Spec("checkpoint", "mid_delete", 1, 4, 1)]
+    spec = "checkpoint:a:2,checkpoint:b:2@2,checkpoint:a:1@3,checkpoint:a:3@3"
+    monkeypatch.setenv("PROCSV_FAULT", spec)
+    for attempt, a, b in (("1", [False, True, False], [False] * 3), ("2", [False] * 3, [False, True, False]),
+                          ("3", [True, False, True], [False] * 3), ("x", [False] * 3, [False] * 3)):
+        monkeypatch.setenv("PROCSV_ATTEMPT", attempt)
+        monkeypatch.setattr(faults, "_hits", {})
+        assert [faults.fires("checkpoint", "a") for _ in range(3)] == a, attempt
+        assert [faults.fires("checkpoint", "b") for _ in range(3)] == b, attempt
+        assert not faults.fires("trainer", "a")
+    monkeypatch.delenv("PROCSV_ATTEMPT")  # unset: the first attempt
+    monkeypatch.setattr(faults, "_hits", {})
+    assert [faults.fires("checkpoint", "a") for _ in range(2)] == [False, True]
+
+
 @pytest.mark.slow
 def test_a_launch_whose_logdir_fails_eleven_looks_finishes_and_counts_them(logdir):
     """Before: the first EIO was 'the logdir was lost', and a healthy run ended with exit 1."""

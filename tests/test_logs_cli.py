@@ -41,7 +41,8 @@ def test_logs_print_every_attempt_with_a_separator_and_select_one(logdir):
 
 @pytest.mark.slow
 def test_logs_follow_prints_a_live_run_as_it_goes_and_ends_with_it(logdir):
-    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--print-every-steps", "100")
+    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--print-every-steps", "100",
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     follower = None
     try:
         try:

@@ -59,7 +59,7 @@ def test_a_skipped_step_shows_in_events_status_report_plot_metrics_and_tensorboa
     # in status.json, report.json, the metrics or procsv's scalars
     port = _free_port()
     proc = launch(logdir, "--nan-at", "25", "--steps", "120", "--step-delay", "0.03", target=NAN_TRAIN,
-                  opts=("--metrics-port", str(port), "--quiet"))
+                  opts=("--metrics-port", str(port), "--quiet", "--standby", "fork"))  # no restart: no standby
     try:
         live = wait_for(lambda: (s := _scrape(port)) and s.get("procsv_steps_skipped_total") == 1.0 and s, 180,
                         what="the skipped step in the metrics")

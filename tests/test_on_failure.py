@@ -33,7 +33,8 @@ def test_a_run_that_gives_up_runs_the_command_once_with_the_root_cause(logdir, t
 
 def test_a_run_that_succeeds_never_runs_the_command(logdir, tmp_path):
     calls = tmp_path / "calls.txt"
-    code, _, err = finish(launch(logdir, "--steps", "20", opts=("--on-failure", f"echo called >> {calls}")), 120)
+    code, _, err = finish(launch(logdir, "--steps", "20", opts=("--on-failure", f"echo called >> {calls}",
+                                                                "--standby", "fork")), 120)  # no restart: no standby
     assert code == 0, err
     assert not calls.exists() and "--on-failure" not in err
 

@@ -30,7 +30,8 @@ def _scalars(logdir: str, tag: str) -> list[tuple[int, float]]:
 
 
 def _run(logdir: str, steps: int) -> None:
-    code, _, err = finish(launch(logdir, logdir, str(steps), target=os.path.join(PROGRAMS, "graph_summary_steps.py")))
+    code, _, err = finish(launch(logdir, logdir, str(steps), target=os.path.join(PROGRAMS, "graph_summary_steps.py"),
+                                 opts=("--standby", "fork")))  # no restart: no hot standby
     assert code == 0, err
 
 

@@ -50,7 +50,8 @@ def one_error_line(res: dict[str, Any]) -> str:
 
 @needs_root
 def test_status_stop_and_preempt_from_another_pid_namespace_see_the_live_run_and_signal_nothing(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", target=TINY)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.005", target=TINY,
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 10, 120, what="training to start")
         st = raw_status(logdir) or {}

@@ -121,9 +121,11 @@ def _single_node_jobs(slurm: Cluster, folder: str) -> None:  # noqa: F811
     try:
         job["requeue"] = submit(slurm, "train.sbatch", logdir["requeue"], out["requeue"], f"--nodelist={NODE0}",
                                 TRAIN_ARGS=" ".join(CLEAN_ARGS),
-                                PROCSV_OPTS=f"--metrics-port {port} --metrics-host {NODE0}")
+                                PROCSV_OPTS=f"--metrics-port {port} --metrics-host {NODE0} --standby fork")
+        # (--standby fork: no launch of either job restarts its trainer, so none prepares a hot standby; the
+        # requeued job's second launch restores from disk)
         job["warning"] = submit(slurm, "train.sbatch", logdir["warning"], out["warning"], f"--nodelist={NODE0}",
-                                TRAIN_ARGS=" ".join(CLEAN_ARGS))
+                                TRAIN_ARGS=" ".join(CLEAN_ARGS), PROCSV_OPTS="--standby fork")
         result: dict[str, Any] = {k: {"job": job[k], "logdir": logdir[k], "out": out[k]} for k in SINGLE_NODE}
 
         def interrupt_at_step_150() -> bool:

@@ -188,7 +188,7 @@ def test_another_user_cannot_reach_any_socket_of_a_live_run(logdir):
 
     # (steps of 20 ms, not 2: the test waits on its own probes, not on steps; each step is CPU of the trainer and
     # the services, and 50 of them still show training went on)
-    proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.02", opts=("--quiet",),
+    proc = launch(logdir, "--steps", "1000000", "--step-delay", "0.02", opts=("--quiet", "--standby", "fork"),
                   env=quiet_env(TMPDIR="/tmp"))  # /tmp is world-searchable: the runtime dir is the guard
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 0, 90, what="the first step")

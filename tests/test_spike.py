@@ -46,7 +46,8 @@ def test_a_spike_under_on_spike_rollback_is_skipped_and_the_run_ends_bit_equal_t
     # before the next snapshot (step 70's, or an in-memory one's before it) flags step 65 and restores the
     # newest snapshot before it in place; the replay gives step 65 its loss again, bit for bit (the data's,
     # not the machine's), so the next check restores once more, the replay skips 65, and trains on to 90
-    code, out, err = finish(launch(logdir, "--spike-at", "65", target=SPIKE_TRAIN, opts=("--on-spike", "rollback")),
+    code, out, err = finish(launch(logdir, "--spike-at", "65", target=SPIKE_TRAIN,  # (no restart: no hot standby)
+                                   opts=("--on-spike", "rollback", "--standby", "fork")),
                             240)
     said = out + err
     assert code == 0, said
@@ -168,7 +169,7 @@ def test_a_keras_fits_spike_and_nan_skips_survive_a_restart_from_a_checkpoint_ol
     kill_file = os.path.join(tmp_path, "kill-me")
     proc = launch(logdir, "--on-spike", "rollback", "--spike-at", "49", "--nan-at", "42", "--save-freq", "30",
                   "--kill-after", "53", "--kill-file", kill_file, "--weights-out", rolled, *common, target=KERAS_NAN,
-                  env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))
+                  opts=("--standby", "fork"), env=quiet_env(PROCSV_MEMORY_SNAPSHOTS="0"))  # (the restart: a fork)
     code, out, err = sigkill_where_it_says(proc, logdir, kill_file, "batch 53")
     said = out + err
     assert code == 0, said

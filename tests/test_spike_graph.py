@@ -135,7 +135,7 @@ def test_a_graph_loop_fed_from_its_own_counter_trains_on_saying_what_a_replay_wi
     # restored was left to the load: -55, -59, -64 and -0 (a plain run's service started late) in fresh clones, and
     # past step 61, -62)
     proc = launch(logdir, "--spike-at", "65", "--on-spike", "rollback", "--feed-counter", "--wait-commit", "60",
-                  target=SPIKE_GRAPH, opts=("--suspect-after", "1"))
+                  target=SPIKE_GRAPH, opts=("--suspect-after", "1", "--standby", "fork"))  # no restart: no standby
     code, out, err = finish(proc)
     said = out + err
     assert code == 0, said

@@ -16,7 +16,8 @@ TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 
 def test_watch_redraws_while_the_run_goes_on_and_ends_with_it(logdir):
-    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY)
+    proc = launch(logdir, "--steps", "400", "--step-delay", "0.01", target=TINY,
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     watcher = None
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("state") == "running", 90, what="the run to start")
@@ -40,7 +41,7 @@ def test_watch_redraws_while_the_run_goes_on_and_ends_with_it(logdir):
 
 
 def test_watch_reports_a_run_whose_watchdog_was_killed_and_stops(logdir):
-    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY)
+    proc = launch(logdir, "--steps", "100000", "--step-delay", "0.01", target=TINY, opts=("--standby", "fork"))
     wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 5, 90, what="training to start")
     watcher = subprocess.Popen([sys.executable, "-m", "procsv", "status", logdir, "--watch"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=quiet_env(), cwd=REPO)

@@ -83,7 +83,7 @@ def read_values(logdir: str) -> tuple[Counter, list[tuple[int, float]]]:
 def test_a_flood_is_bounded_in_memory_and_fully_accounted(logdir, tmp_path):
     script = tmp_path / "flood.py"
     script.write_text(FLOOD)
-    proc = launch(logdir, "8", str(tmp_path), target=str(script))
+    proc = launch(logdir, "8", str(tmp_path), target=str(script), opts=("--standby", "fork"))  # no restart: no standby
     rss: dict[str, list[tuple[float, int]]] = {"trainer": [], "summary": []}
     service = None
     try:

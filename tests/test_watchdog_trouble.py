@@ -16,7 +16,8 @@ TINY = os.path.join(PROGRAMS, "tiny_train.py")
 
 def test_a_terminal_that_does_not_read_never_stalls_the_watchdog(logdir):
     # 150 steps x 4 KB of trainer output echoed by the watchdog: far beyond a pipe's 64 KB buffer
-    proc = launch(logdir, "--steps", "150", "--step-delay", "0.005", "--chatty", "4000", target=TINY)
+    proc = launch(logdir, "--steps", "150", "--step-delay", "0.005", "--chatty", "4000", target=TINY,
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     try:
         # nobody reads the launch's stdout: a watchdog blocked on it would stop updating its status
         wait_for(lambda: (raw_status(logdir) or {}).get("state") == "succeeded", 180,
@@ -29,7 +30,8 @@ def test_a_terminal_that_does_not_read_never_stalls_the_watchdog(logdir):
 
 
 def test_an_unwritable_status_file_is_reported_once_and_the_run_goes_on(logdir):
-    proc = launch(logdir, "--steps", "150", "--step-delay", "0.01", target=TINY)
+    proc = launch(logdir, "--steps", "150", "--step-delay", "0.01", target=TINY,
+                  opts=("--standby", "fork"))  # no restart: no hot standby
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 5, 90, what="training to start")
         status = os.path.join(logdir, ".procsv", "status.json")

@@ -185,7 +185,8 @@ def test_a_fork_whose_log_cannot_be_opened_still_starts(capfd, tmp_path):
 def test_status_after_the_run_names_no_pre_warmed_trainer(logdir):
     """Issue 51, point 8. Before: ``procsv status`` of a run that had ended still listed
     "pre-warmed trainer pid N (ready)" (the last status.json kept the zygote the end had killed)."""
-    code, out, err = finish(launch(logdir, "--steps", "30", "--step-delay", "0.01", target=TINY), 300)
+    code, out, err = finish(launch(logdir, "--steps", "30", "--step-delay", "0.01", target=TINY,
+                                   opts=("--standby", "fork")), 300)  # no restart: no standby
     assert code == 0, err
     assert any(e["role"] == "zygote" for e in _events(logdir, "spawned"))  # there was one during the run
     assert raw_status(logdir)["prewarm"] is None

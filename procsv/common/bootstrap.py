@@ -316,14 +316,15 @@ class FaultConfig:
     """The tests' fault injection of this process (:mod:`procsv.common.faults`), read alone and never
     failing: every process reads it, the watchdog and a node agent too, at each fault point."""
 
-    spec: str = ""  # PROCSV_FAULT: "<process>:<point>[:<n>[-<m>]]"
+    spec: str = ""  # PROCSV_FAULT: "<process>:<point>[:<n>[-<m>]][@<attempt>]", several separated by ","
     gate: str = ""  # PROCSV_FAULT_GATE: the file whose creation ends a stall
-    first_attempt: bool = True  # PROCSV_ATTEMPT is 1 (or unset): fault points fire only then
+    attempt: int = 1  # PROCSV_ATTEMPT (1 if unset, 0 if not a number: no point fires)
 
     @staticmethod
     def parse(environ: Mapping[str, str]) -> "FaultConfig":
+        attempt = environ.get(env.ATTEMPT, "1")
         return FaultConfig(environ.get(env.FAULT, ""), environ.get(env.FAULT_GATE, ""),
-                           environ.get(env.ATTEMPT, "1") == "1")
+                           int(attempt) if attempt.isdigit() else 0)
 
 
 def read_faults() -> FaultConfig:

@@ -72,7 +72,8 @@ def arm(session: Any, checkpoint: Any, step: Callable[[], int], process: str = "
     ``PROCSV_FAULT`` names this point; else nothing is wrapped and the step path is unchanged). ``step``: the
     session's step now (a graph program's run is a step when it moved it). ``process``: ``trainer``, or ``worker``
     for a group's worker."""
-    if not read_faults().spec.startswith(f"{process}:bitflip") or checkpoint is None:
+    if not any((s.process, s.point) == (process, "bitflip") for s in faults.parse(read_faults().spec)) \
+            or checkpoint is None:
         return
     run: Callable[..., Any] = session.run
     graph = isinstance(checkpoint, NameBasedCheckpoint)
