@@ -827,3 +827,40 @@ def test_an_agents_lines_are_written_by_a_thread_so_a_stalled_stderr_never_holds
         gate.set()
         agent.terminal.close()
     assert stalled.getvalue().count("procsv node 1: this agent was stopped for 10.0 s") == 3, stalled.getvalue()
+
+
+def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps_its_hellos_pace(short_tmp) -> None:
+    """Issue 70 (the group back within a second of the hello): the agent's loop turned every 50 ms, so a
+    StartMembers waited up to a tick before its fork was asked, and the fork's answer as long again before its
+    MemberStarted. Now a turn waits on node 0's socket and its pre-warmed trainer's pipe: a word ends the wait.
+    The wait (``beat_wait``, pure) lasts up to a tick from the turn's start and never past the next hello's due
+    time, so a turn woken early (node 0's beats) neither delays a hello nor sends one early."""
+    from procsv.watchdog.multihost.agent import AGENT_BEAT_SECS, TICK, beat_wait
+    from procsv.ipc.messages import MasterBeat
+
+    assert abs(beat_wait(10.0, 10.0, 10.001) - (TICK - 0.001)) < 1e-9  # a hello just sent: a tick from the turn
+    assert abs(beat_wait(10.07, 10.0, 10.071) - (10.0 + AGENT_BEAT_SECS - 10.071)) < 1e-9  # the next hello's due
+    assert abs(beat_wait(10.2, 10.0, 10.201) - (TICK - 0.001)) < 1e-9  # a hello overdue (not up): a turn later
+    assert beat_wait(10.0, 9.0, 10.3) == 0.0  # a long turn: no wait at all
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    master.bind("inproc://node0-idle")
+    dealer.connect("inproc://node0-idle")
+    try:
+        t0 = time.monotonic()
+        agent._idle(dealer, 0.3)  # nothing said: the whole wait
+        assert time.monotonic() - t0 >= 0.25
+        send(master, MasterBeat("j", 15.0))
+        t0 = time.monotonic()
+        agent._idle(dealer, 60.0)  # a word waiting: the turn comes at once (before, a blind tick whatever came)
+        assert time.monotonic() - t0 < 30.0
+        agent._idle(None, 0.01)  # (no connection yet: a plain wait)
+    finally:
+        dealer.close(0)
+        master.close(0)
+        ctx.term()
+        agent.disk.close()
