@@ -834,9 +834,17 @@ def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps
     StartMembers waited up to a tick before its fork was asked, and the fork's answer as long again before its
     MemberStarted. Now a turn waits on node 0's socket and its pre-warmed trainer's pipe: a word ends the wait.
     The wait (``beat_wait``, pure) lasts up to a tick from the turn's start and never past the next hello's due
-    time, so a turn woken early (node 0's beats) neither delays a hello nor sends one early."""
-    from procsv.watchdog.multihost.agent import AGENT_BEAT_SECS, TICK, beat_wait
+    time, so a turn woken early (node 0's beats) neither delays a hello nor sends one early. A hello its connection
+    did not take (a redial's, not up yet: node 0 holds this host's start until it hears it there) is sent once the
+    connection comes up, not a tick later."""
+    import threading
+
+    from procsv.common.spawn import free_ports
     from procsv.ipc.messages import MasterBeat
+    from procsv.watchdog.multihost.agent import AGENT_BEAT_SECS, TICK, beat_wait
+
+    def free_port() -> int:
+        return free_ports(1, "127.0.0.1")[0]
 
     assert abs(beat_wait(10.0, 10.0, 10.001) - (TICK - 0.001)) < 1e-9  # a hello just sent: a tick from the turn
     assert abs(beat_wait(10.07, 10.0, 10.071) - (10.0 + AGENT_BEAT_SECS - 10.071)) < 1e-9  # the next hello's due
@@ -859,6 +867,21 @@ def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps
         agent._idle(dealer, 60.0)  # a word waiting: the turn comes at once (before, a blind tick whatever came)
         assert time.monotonic() - t0 < 30.0
         agent._idle(None, 0.01)  # (no connection yet: a plain wait)
+        # a redial's hello not taken (its connection not up): the connection coming up ends the wait, not the tick
+        redial = ctx.socket(zmq.DEALER)
+        redial.setsockopt(zmq.IMMEDIATE, 1)
+        port = free_port()
+        redial.connect(f"tcp://127.0.0.1:{port}")
+        t0 = time.monotonic()
+        agent._idle(redial, 0.3, True)  # node 0 not there: the whole wait
+        assert time.monotonic() - t0 >= 0.25
+        router = ctx.socket(zmq.ROUTER)
+        threading.Timer(0.2, lambda: router.bind(f"tcp://127.0.0.1:{port}")).start()
+        t0 = time.monotonic()
+        agent._idle(redial, 60.0, True)
+        assert time.monotonic() - t0 < 30.0
+        redial.close(0)
+        router.close(0)
     finally:
         dealer.close(0)
         master.close(0)

@@ -344,17 +344,22 @@ class NodeAgent(Prewarmed):
                 self.stop_code = 1
                 break
             self.pulse.beat(False)
-            self._idle(dealer, beat_wait(now, beat_at, self.clock()))
+            # (a hello due and not sent, its connection not up: the connection's completion ends the wait too)
+            self._idle(dealer, beat_wait(now, beat_at, self.clock()),
+                       relaunch_at is None and self.clock() - beat_at >= AGENT_BEAT_SECS - BEAT_EARLY)
         return dealer
 
-    def _idle(self, dealer: "Optional[zmq.Socket[Any]]", secs: float) -> None:
+    def _idle(self, dealer: "Optional[zmq.Socket[Any]]", secs: float, unsent: bool = False) -> None:
         """Wait up to ``secs`` for node 0's next word or the pre-warmed trainer's (its readiness, a fork's answer):
         the next turn reads it at once. Before, a blind sleep of :data:`TICK`: a :class:`StartMembers` waited up to
         50 ms for the next turn (25 ms on average), then a fork's answer as long for its :class:`MemberStarted`. The
-        members' reports do not wake it (a group's steps would turn it at their rate): relayed within a turn."""
+        members' reports do not wake it (a group's steps would turn it at their rate): relayed within a turn.
+        ``unsent``: a hello is due that its connection did not take (not up yet: a redial's, after a partition
+        healed): the connection coming up ends the wait too, and the hello goes at once (node 0 sends the
+        group's start it holds for this host once it hears it on the new connection)."""
         poller = zmq.Poller()
         if dealer is not None:
-            poller.register(dealer, zmq.POLLIN)
+            poller.register(dealer, zmq.POLLIN | (zmq.POLLOUT if unsent else 0))
         if self.zygote is not None and not self.zygote.closed:
             poller.register(self.zygote.fd, zmq.POLLIN)
         poller.poll(max(1, round(secs * 1000)))
