@@ -887,3 +887,33 @@ def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps
         master.close(0)
         ctx.term()
         agent.disk.close()
+
+
+def test_a_groups_worker_waits_for_its_chiefs_server_to_listen_before_its_program_and_no_longer_than_the_bound() -> None:
+    """Issue 70: a worker whose program started before its chief's connected to a chief's server not listening yet,
+    and gRPC waited out its reconnect backoff: both strategies up about a second late (the worker forked first by
+    its host's agent). The worker now waits for the chief's address (its ``TF_CONFIG``'s) to take a connection
+    (real sockets: refused until the chief's listener binds), and never longer than its bound."""
+    import socket as sk
+    import threading
+
+    from procsv.common.spawn import free_ports
+    from procsv.trainer.group.chief_listening import chief_address, wait_listening
+
+    assert chief_address({"cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]}, "task": {"index": 1}}) == \
+        "10.0.0.1:4001"
+    assert chief_address({"cluster": {"chief": ["c:1"], "worker": ["w:2"]}}) == "c:1"
+    assert chief_address({}) is None and chief_address({"cluster": {"worker": []}}) is None
+    port = free_ports(1)[0]
+    t0 = time.monotonic()
+    assert not wait_listening(f"127.0.0.1:{port}", bound=0.3)  # no chief: the bound, then the program runs
+    assert 0.25 <= time.monotonic() - t0 < 10.0
+    chief = sk.socket()
+    chief.setsockopt(sk.SOL_SOCKET, sk.SO_REUSEADDR, 1)
+    threading.Timer(0.2, lambda: (chief.bind(("127.0.0.1", port)), chief.listen())).start()
+    try:
+        t0 = time.monotonic()
+        assert wait_listening(f"127.0.0.1:{port}", bound=60.0)  # its chief's server up: at once, not the bound
+        assert 0.15 <= time.monotonic() - t0 < 30.0
+    finally:
+        chief.close()
