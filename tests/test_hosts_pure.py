@@ -827,3 +827,93 @@ def test_an_agents_lines_are_written_by_a_thread_so_a_stalled_stderr_never_holds
         gate.set()
         agent.terminal.close()
     assert stalled.getvalue().count("procsv node 1: this agent was stopped for 10.0 s") == 3, stalled.getvalue()
+
+
+def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps_its_hellos_pace(short_tmp) -> None:
+    """Issue 70 (the group back within a second of the hello): the agent's loop turned every 50 ms, so a
+    StartMembers waited up to a tick before its fork was asked, and the fork's answer as long again before its
+    MemberStarted. Now a turn waits on node 0's socket and its pre-warmed trainer's pipe: a word ends the wait.
+    The wait (``beat_wait``, pure) lasts up to a tick from the turn's start and never past the next hello's due
+    time, so a turn woken early (node 0's beats) neither delays a hello nor sends one early. A hello its connection
+    did not take (a redial's, not up yet: node 0 holds this host's start until it hears it there) is sent once the
+    connection comes up, not a tick later."""
+    import threading
+
+    from procsv.common.spawn import free_ports
+    from procsv.ipc.messages import MasterBeat
+    from procsv.watchdog.multihost.agent import AGENT_BEAT_SECS, TICK, beat_wait
+
+    def free_port() -> int:
+        return free_ports(1, "127.0.0.1")[0]
+
+    assert abs(beat_wait(10.0, 10.0, 10.001) - (TICK - 0.001)) < 1e-9  # a hello just sent: a tick from the turn
+    assert abs(beat_wait(10.07, 10.0, 10.071) - (10.0 + AGENT_BEAT_SECS - 10.071)) < 1e-9  # the next hello's due
+    assert abs(beat_wait(10.2, 10.0, 10.201) - (TICK - 0.001)) < 1e-9  # a hello overdue (not up): a turn later
+    assert beat_wait(10.0, 9.0, 10.3) == 0.0  # a long turn: no wait at all
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    master.bind("inproc://node0-idle")
+    dealer.connect("inproc://node0-idle")
+    try:
+        t0 = time.monotonic()
+        agent._idle(dealer, 0.3)  # nothing said: the whole wait
+        assert time.monotonic() - t0 >= 0.25
+        send(master, MasterBeat("j", 15.0))
+        t0 = time.monotonic()
+        agent._idle(dealer, 60.0)  # a word waiting: the turn comes at once (before, a blind tick whatever came)
+        assert time.monotonic() - t0 < 30.0
+        agent._idle(None, 0.01)  # (no connection yet: a plain wait)
+        # a redial's hello not taken (its connection not up): the connection coming up ends the wait, not the tick
+        redial = ctx.socket(zmq.DEALER)
+        redial.setsockopt(zmq.IMMEDIATE, 1)
+        port = free_port()
+        redial.connect(f"tcp://127.0.0.1:{port}")
+        t0 = time.monotonic()
+        agent._idle(redial, 0.3, True)  # node 0 not there: the whole wait
+        assert time.monotonic() - t0 >= 0.25
+        router = ctx.socket(zmq.ROUTER)
+        threading.Timer(0.2, lambda: router.bind(f"tcp://127.0.0.1:{port}")).start()
+        t0 = time.monotonic()
+        agent._idle(redial, 60.0, True)
+        assert time.monotonic() - t0 < 30.0
+        redial.close(0)
+        router.close(0)
+    finally:
+        dealer.close(0)
+        master.close(0)
+        ctx.term()
+        agent.disk.close()
+
+
+def test_a_groups_worker_waits_for_its_chiefs_server_to_listen_before_its_program_and_no_longer_than_the_bound() -> None:
+    """Issue 70: a worker whose program started before its chief's connected to a chief's server not listening yet,
+    and gRPC waited out its reconnect backoff: both strategies up about a second late (the worker forked first by
+    its host's agent). The worker now waits for the chief's address (its ``TF_CONFIG``'s) to take a connection
+    (real sockets: refused until the chief's listener binds), and never longer than its bound."""
+    import socket as sk
+    import threading
+
+    from procsv.common.spawn import free_ports
+    from procsv.trainer.group.chief_listening import chief_address, wait_listening
+
+    assert chief_address({"cluster": {"worker": ["10.0.0.1:4001", "10.0.0.2:4002"]}, "task": {"index": 1}}) == \
+        "10.0.0.1:4001"
+    assert chief_address({"cluster": {"chief": ["c:1"], "worker": ["w:2"]}}) == "c:1"
+    assert chief_address({}) is None and chief_address({"cluster": {"worker": []}}) is None
+    port = free_ports(1)[0]
+    t0 = time.monotonic()
+    assert not wait_listening(f"127.0.0.1:{port}", bound=0.3)  # no chief: the bound, then the program runs
+    assert 0.25 <= time.monotonic() - t0 < 10.0
+    chief = sk.socket()
+    chief.setsockopt(sk.SOL_SOCKET, sk.SO_REUSEADDR, 1)
+    threading.Timer(0.2, lambda: (chief.bind(("127.0.0.1", port)), chief.listen())).start()
+    try:
+        t0 = time.monotonic()
+        assert wait_listening(f"127.0.0.1:{port}", bound=60.0)  # its chief's server up: at once, not the bound
+        assert 0.15 <= time.monotonic() - t0 < 30.0
+    finally:
+        chief.close()

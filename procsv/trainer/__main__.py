@@ -25,7 +25,8 @@ from procsv.common.layout import exit_report_file, write_json
 from procsv.common.exitcodes import EXIT_DIVERGING, EXIT_GROUP_ROLLBACK, EXIT_PREEMPTED
 from procsv.trainer import outcome
 from procsv.trainer.ends import deathnotice, predecessors
-from procsv.trainer.group import heartbeat_bound
+from procsv import cluster
+from procsv.trainer.group import chief_listening, heartbeat_bound
 from procsv.trainer.standby import priority, servers
 from procsv.trainer.standby import wait as standby_wait
 
@@ -49,6 +50,10 @@ def main() -> int:
               f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority", flush=True)
     else:  # the trainer processes this one replaces released what they held (a port, a lock) before the program runs
         predecessors.wait_gone(config.predecessors)
+        if config.in_group and config.place.rank > 0 and not config.place.ps:  # its chief's server up first
+            chief = chief_listening.chief_address(cluster.tf_config())
+            if chief is not None:
+                chief_listening.wait_listening(chief)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2

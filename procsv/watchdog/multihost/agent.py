@@ -94,7 +94,8 @@ from procsv.watchdog.rules.limits import Limits
 from procsv.watchdog.prewarm import PendingFork, Prewarmed, Zygote, ZygoteSeed, zygote_env
 from procsv.common.clock.watched import WatchedClock
 
-TICK = 0.05
+TICK = 0.05  # the loop turns at least this often (sooner when node 0 or its pre-warmed trainer says something)
+BEAT_EARLY = 0.005  # a hello goes this much before it is due at most (a turn woken a little early: the wait's rounding)
 HOLDER_WAIT_SECS = 5.0  # a relaunched master: node 1 joins once its holder handed its copies back, or this long after
 REJOIN_LOOK_SECS = 1.0  # a master found lost: the agent reads the launch's job file this often (a relaunch's new keys)
 CLAIM_PATIENCE = 2  # refused for this many node timeouts: another agent live holds the node rank (exit 2)
@@ -121,6 +122,16 @@ def started_again(live: list[tuple[str, int, int]], link: int, told: int) -> lis
     its hellos listed it live, so node 0 did not take the host back while it ran (measured, a group over two hosts
     whose link flapped 1 s down, 1 s up, beside two CPU burners). Node 0 takes a repeat of a start it knows as known."""
     return [] if link == told else [MemberStarted(slot, attempt, pid) for slot, attempt, pid in live]
+
+
+def beat_wait(then: float, beat_at: float, now: float) -> float:
+    """How long the agent's loop may wait for a word (from node 0 or its pre-warmed trainer) before its next turn,
+    at ``now``, its turn having started at ``then`` and its last hello sent at ``beat_at``: up to :data:`TICK` after
+    the turn's start, and no later than its next hello is due (every :data:`AGENT_BEAT_SECS`: a word woke it in
+    between). A hello overdue (its connection not up yet) is tried again a turn later, as before."""
+    due = beat_at + AGENT_BEAT_SECS
+    until = then + TICK if now >= due else min(then + TICK, due)
+    return max(0.0, until - now)
 
 
 def lost_line(why: str, live: bool) -> str:
@@ -295,7 +306,7 @@ class NodeAgent(Prewarmed):
                 if relaunch_at is not None and (holder is None or holder.handed == self.job
                                                 or now - relaunch_at >= HOLDER_WAIT_SECS):
                     relaunch_at = None
-                if relaunch_at is None and now - beat_at >= AGENT_BEAT_SECS - TICK / 2:  # (a beat each 0.1 s)
+                if relaunch_at is None and now - beat_at >= AGENT_BEAT_SECS - BEAT_EARLY:  # (a beat each 0.1 s)
                     warm = self.zygote is None or self.zygote.ready or not self.zygote.alive()  # (its NodeHello.ready)
                     # (one not sent, its connection not up yet, goes at the next turn: a new link's first hello
                     # within a turn of its handshake, not a beat later)
@@ -333,8 +344,25 @@ class NodeAgent(Prewarmed):
                 self.stop_code = 1
                 break
             self.pulse.beat(False)
-            time.sleep(TICK)
+            # (a hello due and not sent, its connection not up: the connection's completion ends the wait too)
+            self._idle(dealer, beat_wait(now, beat_at, self.clock()),
+                       relaunch_at is None and self.clock() - beat_at >= AGENT_BEAT_SECS - BEAT_EARLY)
         return dealer
+
+    def _idle(self, dealer: "Optional[zmq.Socket[Any]]", secs: float, unsent: bool = False) -> None:
+        """Wait up to ``secs`` for node 0's next word or the pre-warmed trainer's (its readiness, a fork's answer):
+        the next turn reads it at once. Before, a blind sleep of :data:`TICK`: a :class:`StartMembers` waited up to
+        50 ms for the next turn (25 ms on average), then a fork's answer as long for its :class:`MemberStarted`. The
+        members' reports do not wake it (a group's steps would turn it at their rate): relayed within a turn.
+        ``unsent``: a hello is due that its connection did not take (not up yet: a redial's, after a partition
+        healed): the connection coming up ends the wait too, and the hello goes at once (node 0 sends the
+        group's start it holds for this host once it hears it on the new connection)."""
+        poller = zmq.Poller()
+        if dealer is not None:
+            poller.register(dealer, zmq.POLLIN | (zmq.POLLOUT if unsent else 0))
+        if self.zygote is not None and not self.zygote.closed:
+            poller.register(self.zygote.fd, zmq.POLLIN)
+        poller.poll(max(1, round(secs * 1000)))
 
     def _wait_for_job(self, stops: list[int]) -> bool:
         """Wait until node 0 wrote the job's keys (the logdir exists); False on a stop, or past ``rejoin_timeout``."""
@@ -592,4 +620,4 @@ class NodeAgent(Prewarmed):
                 self.say(r.say.removeprefix("procsv: "))
 
 
-__all__ = ["NodeAgent", "lost_line", "started_again"]
+__all__ = ["NodeAgent", "beat_wait", "lost_line", "started_again"]
