@@ -184,9 +184,9 @@ class CheckpointKeeper:
             agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []
-        tried_first = group_restore.newest_path(agent, before)
-        if tried_first is not None:  # (the workers restore it meanwhile: GroupPin.intend)
-            pin.intend(PinRecord(tried_first))
+        intent = group_restore.newest_path(agent, before)
+        if intent is not None:  # (the workers restore it meanwhile: GroupPin.intend)
+            pin.intend(PinRecord(intent))
         skipped = agent.restore_or_init(init, before=before, target=target)
         pin.publish(PinRecord(agent.restored_from or None))
         return skipped
