@@ -213,37 +213,3 @@ def test_a_peer_copy_held_before_node_0_knew_its_limit_is_dropped_once_its_own_m
     finally:
         intake.close()
         arena.close()
-
-
-def test_a_worker_restores_the_chiefs_intent_meanwhile_and_keeps_it_only_if_the_chief_pins_that_checkpoint(tmp_path):
-    """Issue 70 (the group back within a second): a worker's restore began only once the chief's had ended (its
-    pin), so the group's first step waited for both in turn. The chief now says first what it is about to restore
-    (``GroupPin.intend``, real files, woken by their events), each worker restores that meanwhile and keeps it
-    if the pin names the same checkpoint; else it restores the pin over it, and a pin of nothing after an intent it
-    restored is an error (the group starts again), never a replica that differs."""
-    import threading
-    import time
-
-    from procsv.trainer.replica import GroupPin, PinRecord, intent_kept, unfollowable
-
-    pin = GroupPin(str(tmp_path / "group" / "j.2.restored.json"))
-    got: list[PinRecord] = []
-    early = threading.Thread(target=lambda: got.append(pin.wait(poll_secs=60.0, early=True)))
-    early.start()
-    time.sleep(0.2)
-    pin.intend(PinRecord("/run/model.ckpt-9"))  # its write wakes the worker: not the 60 s poll
-    early.join(30.0)
-    assert got == [PinRecord("/run/model.ckpt-9", final=False)]
-    late = threading.Thread(target=lambda: got.append(pin.wait(poll_secs=60.0)))
-    late.start()  # (the pin's wait: never the intent)
-    time.sleep(0.2)
-    assert late.is_alive()
-    pin.publish(PinRecord("/run/model.ckpt-7"))
-    late.join(30.0)
-    assert got[1:] == [PinRecord("/run/model.ckpt-7")]
-    assert pin.wait(early=True) == PinRecord("/run/model.ckpt-7")  # published: the pin, not the intent
-    intent = got[0]
-    assert intent_kept(intent, PinRecord("/run/model.ckpt-9")) and not unfollowable(intent, PinRecord("/run/model.ckpt-9"))
-    assert not intent_kept(intent, PinRecord("/run/model.ckpt-7")) and not unfollowable(intent, PinRecord("/run/model.ckpt-7"))
-    assert not intent_kept(intent, PinRecord(None, 12, 2)) and not unfollowable(intent, PinRecord(None, 12, 2))
-    assert not intent_kept(intent, PinRecord(None)) and unfollowable(intent, PinRecord(None))

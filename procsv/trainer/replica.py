@@ -66,27 +66,6 @@ class PinRecord:
     path: Optional[str]
     memory_step: Optional[int] = None
     memory_attempt: int = 0
-    final: bool = True  # False: the chief's intent, published before its restore (:meth:`GroupPin.intend`)
-
-
-def intent_kept(intent: PinRecord, pinned: PinRecord) -> bool:
-    """Whether a worker's restore of the chief's ``intent`` (a checkpoint's path: :meth:`GroupPin.intend`) is what
-    the chief then ``pinned``: the same checkpoint. Else the worker restores the pin over it (a later restore of a
-    checkpoint assigns every variable again, and TensorFlow's deferred restorations keep the latest restore's), and
-    a pin of nothing (the chief initialized) after an intent the worker restored cannot be followed:
-    :func:`unfollowable`."""
-    return intent.memory_step is None and pinned.memory_step is None and intent.path is not None \
-        and intent.path == pinned.path
-
-
-def unfollowable(intent: PinRecord, pinned: PinRecord) -> bool:
-    """Whether a worker that restored the chief's ``intent`` cannot take the chief's ``pinned`` record: the chief
-    initialized after all (its intent unrestorable for it and not for the worker: a file read differently on two
-    hosts), and what the worker restored cannot be undone."""
-    return intent.path is not None and pinned.path is None and pinned.memory_step is None
-
-
-INTENT = ".intent"  # beside a group's pin: the checkpoint its chief is about to restore (GroupPin.intend)
 
 
 class GroupPin:
@@ -113,32 +92,19 @@ class GroupPin:
         write_json(self.path, {"path": record.path, "memory_step": record.memory_step,
                                "memory_attempt": record.memory_attempt})
 
-    def intend(self, record: PinRecord) -> None:
-        """The chief, before its restore: the checkpoint it is about to restore (``record.path``), so that each
-        worker restores it meanwhile (:meth:`wait` with ``early``) instead of after the pin: before, a worker's
-        restore began only once the chief's had ended, and the group's first step waited for both in turn. The
-        chief may still pass it over (corrupt: an older one, or none): the pin it publishes after says. Not
-        durable (read by live processes only; the rename makes it whole)."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json(self.path + INTENT, {"path": record.path}, durable=False)
-
-    def wait(self, poll_secs: float = 0.1, early: bool = False) -> PinRecord:
-        """A worker: wait for the chief's record and return it (``early``: its intent if that comes first,
-        ``final`` False).
+    def wait(self, poll_secs: float = 0.1) -> PinRecord:
+        """A worker: wait for the chief's record and return it.
 
         There is no deadline here: the watchdog ends the whole group when the chief dies or hangs.
         A network filesystem may not deliver another host's write as an event: the poll catches it."""
         folder = os.path.dirname(self.path)
         os.makedirs(folder, exist_ok=True)
-        with wakeups(folder) as woken:  # (the pin or the intent: this attempt's, in a folder of this launch's)
+        with wakeups(folder, only=self.path) as woken:
             while True:
                 record = read_json(self.path)
                 if isinstance(record, dict) and "path" in record:
                     path, step = record["path"], record.get("memory_step")
                     return PinRecord(path if isinstance(path, str) else None, step if isinstance(step, int) else None,
                                      int(record.get("memory_attempt") or 0))
-                intent = read_json(self.path + INTENT) if early else None
-                if isinstance(intent, dict) and isinstance(intent.get("path"), str):
-                    return PinRecord(intent["path"], final=False)
                 woken.wait(poll_secs)
                 woken.clear()

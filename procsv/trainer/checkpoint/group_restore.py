@@ -49,13 +49,6 @@ def newest_committed(agent: CheckpointAgent, before: Optional[int] = None) -> in
     return committed[-1].step if committed else -1
 
 
-def newest_path(agent: CheckpointAgent, before: Optional[int] = None) -> Optional[str]:
-    """The path of the newest committed checkpoint (``before``: of a step below it), the one a restore from disk
-    tries first; None: none committed."""
-    committed = [m for m in list_committed(agent.layout) if before is None or m.step < before]
-    return committed[-1].path(agent.layout.logdir) if committed else None
-
-
 def passed_over(layout: Layout, before: Optional[int]) -> list[Manifest]:
     """The committed checkpoints a group's rollback of step ``before`` passes over: those of ``before``
     or later hold its update (the chief checks only its own losses: a worker's NaN may be found after

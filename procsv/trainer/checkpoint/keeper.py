@@ -23,14 +23,13 @@ import sys
 from typing import Any, Callable, Optional
 
 from procsv.common.bootstrap import ChildConfig
-from procsv.common.errors import CheckpointError, CorruptCheckpoint
-from procsv.common.manifests import list_committed
+from procsv.common.errors import CorruptCheckpoint
 from procsv.ipc.messages import DeleteCheckpoints
 from procsv.ipc.transport import NoReply
 from procsv.trainer.channels import TrainerChannels
 from procsv.trainer.checkpoint import group_restore, restore_at_start
 from procsv.trainer.checkpoint.agent import CheckpointAgent
-from procsv.trainer.replica import GroupPin, PinRecord, intent_kept, unfollowable
+from procsv.trainer.replica import GroupPin, PinRecord
 
 
 class CheckpointKeeper:
@@ -140,15 +139,7 @@ class CheckpointKeeper:
         assert channels is not None
         group = agent.group
         if not chief:
-            record = pin.wait(early=True)
-            if not record.final:  # the chief's intent: restored meanwhile, kept if the chief's pin names it too
-                intent, early = record, self._restore_intent(record, init, target)
-                record = pin.wait()
-                if early is not None and intent_kept(intent, record):
-                    return early
-                if early is not None and unfollowable(intent, record):
-                    raise CheckpointError(f"the group's chief initialized after all, and this member restored "
-                                          f"{intent.path}, which it meant to restore: the group starts again")
+            record = pin.wait()
             if record.memory_step is None:
                 return agent.restore_or_init(init, pinned=restore_at_start.Pinned(record.path), target=target)
             if group is None:
@@ -184,25 +175,9 @@ class CheckpointKeeper:
             agent.restored_memory(held[0], newest, peer=held[2], passed={m.step: m.revision for m in passed})
             pin.publish(PinRecord(None, held[0], held[1]))
             return []
-        intent = group_restore.newest_path(agent, before)
-        if intent is not None:  # (the workers restore it meanwhile: GroupPin.intend)
-            pin.intend(PinRecord(intent))
         skipped = agent.restore_or_init(init, before=before, target=target)
         pin.publish(PinRecord(agent.restored_from or None))
         return skipped
-
-    def _restore_intent(self, intent: PinRecord, init: Callable[[], None], target: Optional[Any]) -> Optional[list[str]]:
-        """A worker: restore the checkpoint the chief is about to restore (``intent``), as the pin's would be
-        restored; None if it does not verify here (nothing assigned: the pin says what the chief did instead)."""
-        layout = self.agent.layout
-        if all(m.path(layout.logdir) != intent.path for m in list_committed(layout)):
-            return None  # (retired meanwhile: the chief restores it all the same, or passed it over)
-        try:
-            return self.agent.restore_or_init(init, pinned=restore_at_start.Pinned(intent.path), target=target)
-        except CorruptCheckpoint as exc:
-            print(f"procsv: the checkpoint the group's chief restores does not verify here ({exc}); waiting for "
-                  "what it pins", file=sys.stderr, flush=True)
-            return None
 
     def delete_all(self, grace_secs: float) -> Optional[str]:
         """Have the checkpoint service delete this run's checkpoints (Keras' ``delete_checkpoint``:
