@@ -1,5 +1,5 @@
 """Replicas in the trainer process: a worker (``is_chief=False``) waiting for the chief's checkpoint;
-a group's record of what its chief restored (:class:`GroupPin`), and of what it is about to restore.
+a group's record of what its chief restored (:class:`GroupPin`).
 
 Runs in the trainer. In TensorFlow 2 the replicas of a ``tf.distribute`` job hold the same
 variables; the chief saves them, the other workers only restore. A worker that must start from
@@ -79,8 +79,6 @@ class GroupPin:
     the attempt: ``PROCSV_GROUP_PIN``), and every worker, on any host, waits for that record
     (filesystem events, with a fallback poll) before restoring it. With the group's in-memory tier,
     the record names the step of the in-memory snapshot the chief restored instead (:class:`PinRecord`).
-    A chief restoring from disk says first which checkpoint it tries (:meth:`intend`): its workers restore
-    that meanwhile and keep it if the record names it too (:func:`intent_kept`).
     """
 
     def __init__(self, path: str) -> None:
