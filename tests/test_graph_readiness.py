@@ -21,17 +21,24 @@ from procsv.trainer.graph import readiness
 def test_a_waiting_worker_looks_again_when_the_chiefs_notice_is_written_not_after_its_poll(tmp_path: Path) -> None:
     layout = Layout(str(tmp_path / "run"))
     readiness.tell_ready(layout, 3)  # a stale notice, from before a parameter server was restarted
-    model_ready = threading.Event()
+    model_ready, looked = threading.Event(), threading.Event()
+
+    def is_ready() -> bool:
+        ready = model_ready.is_set()
+        looked.set()
+        return ready
 
     def chief() -> None:
-        model_ready.wait(0.3)  # (the test's own pace: the worker must be waiting first)
+        # the worker must be waiting first: its first look done (its watch is set before it). Before, a 0.3 s pace
+        # here, which a loaded machine (the quick tier at load 11) outran: the chief was ready before the first look
+        looked.wait(30)
         model_ready.set()  # ready_op now reports nothing uninitialized ...
         readiness.tell_ready(layout, 40)  # ... and the chief says so
 
     t = threading.Thread(target=chief)
     t.start()
     try:
-        waited = readiness.wait_until_ready(model_ready.is_set, layout, poll_secs=600, limit_secs=1200,
+        waited = readiness.wait_until_ready(is_ready, layout, poll_secs=600, limit_secs=1200,
                                             stopped=lambda: False)
     finally:
         t.join()
