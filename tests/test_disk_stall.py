@@ -30,11 +30,27 @@ ARGS = ("--steps", "1000000", "--save-model-secs", "1", "--step-delay", "0.004",
 
 
 @pytest.mark.slow
-def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir):
-    """Before: the write ran in the loop, which noticed the death and spawned the next trainer only
-    after the write in progress (5 s after the kill). The first three writes past step 0 stall: the
-    first one's record names the trainer, and it is killed while the second one stalls."""
-    proc = launch(logdir, *ARGS, env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-3"))
+def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once_and_one_whose_end_cannot_be_read_resumes(
+        logdir, tmp_path):
+    """Two kills of the trainer in one launch, each while a write or a read of the logdir stalls.
+
+    First (``watchdog:status_stall``): before, the write ran in the loop, which noticed the death and
+    spawned the next trainer only after the write in progress (5 s after the kill). The first three
+    writes past step 0 stall: the first one's record names the trainer, and it is killed while the
+    second one stalls.
+
+    Then (``watchdog:error_read_stall``, its third and fourth hits: the reads of the second trainer's
+    error file at its death notice and at its exit; the first kill's two reads come before) the reads
+    block until the test creates the gate file, as reads of a stalled network filesystem block until the
+    stall ends. Before: the loop did those reads itself and stopped in the first one: no status record,
+    no decision, no restart until the stall ended. Now the reader thread stalls; the loop decides without
+    the reads once their bound has passed (the failure record says so), restarts the trainer, which
+    resumes from its checkpoint, and goes on writing status.json; when the stall ends, the late reads
+    change nothing."""
+    gate = str(tmp_path / "gate")
+    stopped = False
+    proc = launch(logdir, *ARGS, env=quiet_env(PROCSV_FAULT="watchdog:status_stall:1-3,watchdog:error_read_stall:3-4",
+                                               PROCSV_FAULT_GATE=gate))
     try:
         st = wait_for(lambda: (s := raw_status(logdir)) and s.get("step", 0) > 0 and s, 180,
                       what="a status record past step 0")
@@ -44,38 +60,13 @@ def test_a_trainer_killed_while_status_writes_stall_is_restarted_at_once(logdir)
         spawned = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "spawned"
                                     and e["role"] == "trainer" and e["attempt"] == 2], 60,
                            what="the second trainer's spawn in lifecycle.jsonl")[0]
-        os.killpg(proc.pid, signal.SIGTERM)
-    finally:
-        code, out, err = finish(proc)
-    noticed = [e for e in lifecycle(logdir) if e["event"] == "death_noticed" and e["attempt"] == 1
-               and e["role"] == "trainer"]
-    assert noticed and noticed[0]["noticed"] - killed < 1.5, noticed
-    assert spawned["time"] - killed < 4.0, (spawned, killed)  # the hot standby, promoted at once (before: 5 s)
-    assert code == 143, err
-    finished = [e for e in lifecycle(logdir) if e["event"] == "finished"]  # the last records were written
-    assert [(e["state"], e["exit_code"]) for e in finished] == [("stopped", 143)]
-    assert (raw_status(logdir) or {}).get("exit_code") == 143
-
-
-@pytest.mark.slow
-def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_and_resumes(logdir, tmp_path):
-    """The fault point ``watchdog:error_read_stall`` blocks the reads of the trainer's error file at its
-    death notice and at its exit (the first two reads) until the test creates the gate file, as reads
-    of a stalled network filesystem block until the stall ends. Before: the loop did those reads
-    itself and stopped in the first one: no status record, no decision, no restart until the stall
-    ended. Now the reader thread stalls; the loop decides without the reads once their bound has
-    passed (the failure record says so), restarts the trainer, which resumes from its checkpoint,
-    and goes on writing status.json; when the stall ends, the late reads change nothing."""
-    gate = str(tmp_path / "gate")
-    stopped = False
-    proc = launch(logdir, *ARGS,
-                  env=quiet_env(PROCSV_FAULT="watchdog:error_read_stall:1-2", PROCSV_FAULT_GATE=gate))
-    try:
+        # the second trainer (its pid from its spawn: status.json, its writes stalled, may still name the first)
+        second = spawned["pid"]
         wait_for(lambda: committed_steps(logdir), 180, what="a committed checkpoint")
-        pid = wait_role_pid(logdir, "trainer")
-        os.kill(pid, signal.SIGKILL)
+        restored_before = len([e for e in lifecycle(logdir) if e["event"] == "restored"])
+        os.kill(second, signal.SIGKILL)
         # while the reads stall (the gate is closed): the death is decided and the trainer restarted ...
-        restored = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "restored"], 90,
+        restored = wait_for(lambda: [e for e in lifecycle(logdir) if e["event"] == "restored"][restored_before:], 90,
                             what="the next attempt's restore while the reads of the logdir stall")[0]
         # ... and the loop goes on: it builds status records that show the new attempt training
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > restored["step"] + 50, 60,
@@ -94,17 +85,23 @@ def test_a_trainer_whose_end_cannot_be_read_from_a_stalled_logdir_is_restarted_a
         if not stopped:
             os.killpg(proc.pid, signal.SIGTERM)
         code, out, err = finish(proc)
-    assert code == 143, err
     records = lifecycle(logdir)
-    ends = [e for e in records if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 1]
-    assert [(e["pid"], e.get("signal")) for e in ends] == [(pid, "SIGKILL")]  # decided once
-    assert [e["attempt"] for e in records if e["event"] == "spawned" and e["role"] == "trainer"] == [1, 2]
-    assert [e["attempt"] for e in records if e["event"] == "restarted"] == [2]
+    noticed = [e for e in records if e["event"] == "death_noticed" and e["attempt"] == 1 and e["role"] == "trainer"]
+    assert noticed and noticed[0]["noticed"] - killed < 1.5, noticed
+    assert spawned["time"] - killed < 4.0, (spawned, killed)  # the hot standby, promoted at once (before: 5 s)
+    assert code == 143, err
+    finished = [e for e in records if e["event"] == "finished"]  # the last records were written
+    assert [(e["state"], e["exit_code"]) for e in finished] == [("stopped", 143)]
+    assert (raw_status(logdir) or {}).get("exit_code") == 143
+    ends = [e for e in records if e["event"] == "exited" and e["role"] == "trainer" and e["attempt"] == 2]
+    assert [(e["pid"], e.get("signal")) for e in ends] == [(second, "SIGKILL")]  # decided once
+    assert [e["attempt"] for e in records if e["event"] == "spawned" and e["role"] == "trainer"] == [1, 2, 3]
+    assert [e["attempt"] for e in records if e["event"] == "restarted"] == [2, 3]
     assert restored["step"] > 0 and restored["step"] in committed_steps(logdir)
     import tensorflow as tf
 
     assert tf.train.load_checkpoint(restored["path"]).get_variable_to_shape_map()  # a real checkpoint, read back
-    assert (f"trainer attempt 1 (pid {pid}) was killed by SIGKILL (its error file and exit report could not be "
+    assert (f"trainer attempt 2 (pid {second}) was killed by SIGKILL (its error file and exit report could not be "
             "read within 3 s: the logdir's filesystem stalls; decided without them)") in err, err
 
 

@@ -475,16 +475,16 @@ def assert_bit_equal(logdir: str, reference: dict[str, Any]) -> None:
         assert np.array_equal(final[name], reference[name]), name
 
 
-def sigkill_the_chief_past_a_disk_save(logdir: str) -> None:
-    """SIGKILL the first group's chief once its log shows a step past 160, 60-75 steps past a disk
+def sigkill_the_chief_past_a_disk_save(logdir: str, attempt: int = 1, after: int = 160) -> None:
+    """SIGKILL the chief of group ``attempt`` once its log shows a step past ``after``, 60-75 steps past a disk
     save (every 100 steps; the in-memory snapshots every 50: the newest one is newer than the disk's)."""
-    group_started(logdir, 1)
+    group_started(logdir, attempt)
 
     def past_a_disk_save() -> int:
-        steps = printed_steps(logdir, "trainer.1")
-        return steps[-1] if steps and steps[-1] >= 160 and 60 <= steps[-1] % 100 <= 75 else 0
+        steps = printed_steps(logdir, f"trainer.{attempt}")
+        return steps[-1] if steps and steps[-1] >= after and 60 <= steps[-1] % 100 <= 75 else 0
 
-    wait_for(past_a_disk_save, 180, interval=0.02, what="the chief past a disk save, before the next")
+    wait_for(past_a_disk_save, 180, interval=0.02, what=f"chief {attempt} past a disk save, before the next")
     os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
 
 
@@ -497,30 +497,48 @@ def restored_from_disk_once(logdir: str) -> list[str]:
     return restore_from_disk_lines(logdir)
 
 
-def restore_from_disk_lines(logdir: str) -> list[str]:
-    """The lines of the second group's chief (``logs/trainer.2.log``) that say it restores from disk."""
-    with open(os.path.join(logdir, "logs", "trainer.2.log")) as fh:
+def restore_from_disk_lines(logdir: str, attempt: int = 2) -> list[str]:
+    """The lines of group ``attempt``'s chief (``logs/trainer.<attempt>.log``) that say it restores from disk."""
+    with open(os.path.join(logdir, "logs", f"trainer.{attempt}.log")) as fh:
         return [line for line in fh.read().splitlines() if "restores from disk" in line]
 
 
-@pytest.mark.parametrize("fault, why", [("group_copy_corrupt", ("'s in-memory copy of step", "is damaged")),
-                                        ("group_copy_missing", ("is held for all 2 members",))])
-def test_a_damaged_or_missing_in_memory_copy_makes_the_group_restore_from_disk_saying_why_in_one_line(
-        logdir, fault, why):
-    """A damaged (or never held) in-memory copy of the group's snapshot: the restarted group restores its newest
-    disk checkpoint, every member the same, and the chief says why in one line."""
-    # every copy the checkpoint service holds is damaged after its checksum was taken, or worker1's are
-    # never held (fault points of its first process): the restarted chief finds no step whole for the
-    # group and it restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50,
-    # so the newest in-memory one is newer). The chief is the one killed: it commits nothing on its way out
-    env = quiet_env(PROCSV_FAULT=f"checkpoint:{fault}:1-100000")
-    # 290 steps: both of the kill's windows (steps 160-175 and 260-275) and the restored group's steps after either
+# the copies the checkpoint service holds of worker1 (rank 1) before the first kill: steps 50, 100 and 150
+# (the kill lands at 160-175 of the first group; its worker is at most a step ahead, short of 200)
+WORKER_COPIES_BEFORE_THE_FIRST_KILL = 3
+
+
+def test_a_damaged_then_a_missing_in_memory_copy_each_make_the_group_restore_from_disk_saying_why_in_one_line(
+        logdir):
+    """A damaged in-memory copy of the group's snapshot, then one never held: each time the restarted group
+    restores its newest disk checkpoint, every member the same, and the chief says why in one line.
+
+    One launch, two chief kills (the service is not restarted by either: its hits count on). Every copy the
+    checkpoint service holds is damaged after its checksum was taken (``group_copy_corrupt``, every hit), and
+    from the first copy of worker1 after the first kill on, worker1's copies are never held
+    (``group_copy_missing``). The first group's chief, killed at steps 160-175, finds the newest copies newer
+    than its disk checkpoint (step 150's, of both members) damaged; the second group's (restored at 100),
+    killed at 260-275, finds none newer than its disk checkpoint (step 250's) held for both members (whether
+    step 250's copy of rank 0 is damaged too is not looked at: a step not held for all is skipped). Each
+    restores its newest disk checkpoint (every 100 steps; the in-memory ones every 50, so the newest in-memory
+    one is newer). The chief is the one killed: it commits nothing on its way out."""
+    missing_from = WORKER_COPIES_BEFORE_THE_FIRST_KILL + 1
+    env = quiet_env(PROCSV_FAULT=f"checkpoint:group_copy_corrupt:1-100000,"
+                                 f"checkpoint:group_copy_missing:{missing_from}-100000")
+    # 290 steps: the second kill's window (steps 260-275) and the restored group's steps after it
     proc = launch(logdir, *SLOW, "--save-checkpoint-steps", "100", "--steps", "290", opts=GROUP + NO_STANDBY, env=env)
     try:
-        sigkill_the_chief_past_a_disk_save(logdir)
+        sigkill_the_chief_past_a_disk_save(logdir, 1, 160)
+        sigkill_the_chief_past_a_disk_save(logdir, 2, 260)
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
-    lines = restored_from_disk_once(logdir)
-    assert len(lines) == 1 and all(words in lines[0] for words in why), lines
+    restored = events(logdir, "restored")
+    assert len(restored) == 2 and all(r["source"] == "disk" and r["step"] % 100 == 0 for r in restored), restored
+    assert restored[0]["step"] < restored[1]["step"], restored  # the second group saved again before its kill
+    for attempt, record, why in ((2, restored[0], ("'s in-memory copy of step", "is damaged")),
+                                 (3, restored[1], ("is held for all 2 members",))):
+        assert member_restores(logdir, attempt) == [record["step"]] * 2  # every member the same step
+        lines = restore_from_disk_lines(logdir, attempt)
+        assert len(lines) == 1 and all(words in lines[0] for words in why), (attempt, lines)
     assert restores_with_plain_tf(logdir) == 290

@@ -431,45 +431,43 @@ def _same(a: dict, b: dict) -> None:
 
 
 @pytest.mark.slow
-def test_a_sigkilled_trainer_resumes_from_its_in_memory_snapshot_exactly(logdir, clean_weights):
-    proc = launch(logdir, *ARGS, *NO_DISK, env=TIER)
-    try:
-        # (step 150 at CLEAN_ARGS' 6 ms: the seconds step 300 took at 3 ms, before)
-        wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) >= 150, 120, what="step 150")
-        assert committed_steps(logdir) == []  # nothing on disk: only memory can save this progress
-        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
-    finally:
-        code, out, err = finish(proc)
-    assert code == 0, err
-    restored = _restored_steps(out)
-    assert len(restored) == 1 and restored[0] > 0, out + err  # not step 0: the snapshot held in memory
-    assert _manifest(logdir, restored[0])["reason"] == "memory"
-    assert f"persisting its in-memory snapshot of step {restored[0]}" in out + err
-    _same(final_weights(logdir), clean_weights)
-    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
-        memory = json.load(fh)["memory"]  # the service outlived the trainer: it held both trainers' snapshots
-    assert memory["held"] >= 2 and memory["first_step"] <= restored[0] < memory["last_step"] <= 600, memory
+def test_a_kill_mid_snapshot_copy_restores_the_one_before_and_a_later_sigkill_resumes_from_memory_exactly(
+        logdir, clean_weights):
+    """Two SIGKILLs of the trainer in one launch with no disk checkpoint but the final one.
 
-
-@pytest.mark.slow
-def test_a_kill_in_the_middle_of_a_snapshot_copy_restores_the_one_before(logdir, clean_weights):
-    # the 3rd copy into the snapshot memory hangs with its copy done but its slot not yet marked
-    # complete. (Not a later one: under load a copy costs 10-20 ms of wall time, the adaptive
-    # interval grows to match, and a 1200-step run at 3 ms, as long as CLEAN_ARGS' 600 at 6 ms, took as few as 5
-    # in-memory snapshots.)
+    First, the 3rd copy into the snapshot memory hangs with its copy done but its slot not yet marked
+    complete, and the trainer is killed there: the restart restores the snapshot before, never the torn one.
+    (Not a later one: under load a copy costs 10-20 ms of wall time, the adaptive interval grows to match,
+    and a 1200-step run at 3 ms, as long as CLEAN_ARGS' 600 at 6 ms, took as few as 5 in-memory snapshots.)
+    Then the restarted trainer, 150 steps past that restore, is killed with nothing newer on disk than the
+    snapshot the service persisted for the first restart: only memory can save its progress, and the second
+    restart resumes from the restarted trainer's own in-memory snapshot, exactly (the final weights are an
+    uninterrupted run's). The service outlives both trainers and holds their snapshots."""
+    # (the fault point fires in the first trainer attempt only: the restarted one snapshots normally)
     proc = launch(logdir, *ARGS, *NO_DISK, env=quiet_env(PROCSV_FAULT="trainer:slot_complete:3",
                                                          PROCSV_MEMORY_SNAPSHOTS="0.01"))
     try:
         line = wait_for(lambda: _fault_line(logdir), 120, what="the trainer to hang mid-copy")
         torn = int(re.search(r"of step (\d+)", line).group(1))
         os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
+        wait_for(lambda: _restarted_past(logdir, 150), 120, what="the restarted trainer 150 steps past its restore")
+        on_disk = committed_steps(logdir)
+        assert len(on_disk) == 1 and on_disk[0] < torn, (on_disk, torn)  # the first restart's snapshot, persisted
+        os.kill(wait_role_pid(logdir, "trainer"), signal.SIGKILL)
     finally:
         code, out, err = finish(proc)
     assert code == 0, err
     restored = _restored_steps(out)
-    assert len(restored) == 1 and 0 < restored[0] < torn, (torn, out)  # the snapshot before, never the torn one
-    assert _manifest(logdir, restored[0])["reason"] == "memory"
+    assert len(restored) == 2 and 0 < restored[0] < torn, (torn, out)  # the snapshot before, never the torn one
+    assert restored[0] == on_disk[0], (restored, on_disk)
+    assert restored[1] > on_disk[0], (restored, on_disk)  # newer than anything on disk: the snapshot held in memory
+    for step in restored:
+        assert _manifest(logdir, step)["reason"] == "memory"
+    assert f"persisting its in-memory snapshot of step {restored[1]}" in out + err
     _same(final_weights(logdir), clean_weights)
+    with open(os.path.join(logdir, ".procsv", "checkpoint_stats.json")) as fh:
+        memory = json.load(fh)["memory"]  # the service outlived the trainers: it held the trainers' snapshots
+    assert memory["held"] >= 2 and memory["first_step"] <= restored[1] < memory["last_step"] <= 600, memory
 
 
 @pytest.mark.slow
@@ -490,6 +488,15 @@ def test_killing_the_checkpoint_service_with_the_trainer_falls_back_to_disk(logd
     restored = _restored_steps(out)
     assert restored and restored[0] == on_disk, (on_disk, out)  # what memory held died with the service
     _same(final_weights(logdir), clean_weights)
+
+
+def _restarted_past(logdir: str, steps: int) -> bool:
+    """Whether the status shows the second trainer attempt ``steps`` steps past the step it restored."""
+    status = raw_status(logdir) or {}
+    trainer = [p for p in status.get("processes", []) if p.get("role") == "trainer"]
+    restored = status.get("restored_step")
+    return bool(trainer) and trainer[0].get("attempt") == 2 and restored is not None \
+        and status.get("step", 0) >= restored + steps
 
 
 def _fault_line(logdir: str) -> str:
