@@ -179,7 +179,7 @@ def test_a_slow_trainer_gets_windows_of_several_steps() -> None:
 def test_a_noisy_estimate_does_not_swing_the_duty_to_full_speed_and_back() -> None:
     """helper-100: beside two CPU burners the slowdown measured flipped between 0.081 and -0.015 a sample, and the
     duty with it between 0.049 and 1.0. It rises at most twice a sample now."""
-    dc = DutyCycle(duty=0.05, samples=[0.92, 0.92, 0.92])
+    dc = DutyCycle(duty=0.05, samples=[0.92, 0.92, 0.92], live=True)  # (an auditor live throughout)
     dc.since, dc.running, dc.run_rate, dc.pause_rate = 0.0, False, 1000.0, 1000.0  # a pause ends: one more sample
     dc.window = [[(0.2, 0), (30.0, 30_000)]]  # the pause's rate 1000/s: the run window's 1000 was no slowdown
     dc.samples = [1.0, 1.0, 1.0]
@@ -258,7 +258,7 @@ def test_the_bound_is_an_order_statistic_that_noise_cannot_push_to_zero() -> Non
 
 def test_the_seconds_charged_before_the_first_bound_are_charged_again_at_it_if_it_is_lower() -> None:
     def third(samples: list[float], lent: tuple[float, float], cost_secs: float) -> DutyCycle:
-        dc = DutyCycle(samples=samples, lent=lent, cost_secs=cost_secs, trained=60.0)
+        dc = DutyCycle(samples=samples, lent=lent, cost_secs=cost_secs, trained=60.0, live=True)
         dc.since, dc.running, dc.run_rate, dc.pause_rate = 60.0, False, 990.0, 1000.0  # a pause ends: the third sample
         dc.window = [[(60.2, 0), (61.0, 800)]]
         dc.tick(61.0, free=False, auditor_live=True)
@@ -271,3 +271,25 @@ def test_the_seconds_charged_before_the_first_bound_are_charged_again_at_it_if_i
     tick(dc, 0.0, free=False, auditor_live=True)
     tick(dc, 0.5, free=False, auditor_live=True)  # (half a second of the first window, before any bound)
     assert dc.lent == (0.5, 0.5 * PRIOR) and dc.cost_secs == 0.5 * PRIOR
+
+
+def test_a_pause_an_auditor_started_in_is_no_baseline_and_its_running_there_is_charged() -> None:
+    """An auditor is forked while the cycle pauses and runs until the executor, seeing it live, stops it; its start
+    (bench_audit_within: 0.19 s in which the trainer made 4 % of its steps) fell in that pause, whose rate then was
+    the baseline of the next run window: a sample read faster with the auditor running than without (here, where
+    the auditor costs 5 %: 1.10), and the start itself was charged nothing."""
+    def rate(running: bool, t: float) -> float:
+        if 5.3 <= t < 5.5:
+            return 40.0  # the auditor's fork and start, in the pause from 5 s to 6 s
+        return 950.0 if running else 1000.0
+    dc, ran = simulate(rate, 120.0, live=lambda t: t >= 5.3)
+    assert not any(r for t, r in ran if 5.0 <= t < 6.0)  # (the pause it started in)
+    assert len(dc.samples) >= SAMPLES_MIN and max(dc.samples) < 0.96, dc.samples  # none against that pause
+    dc = DutyCycle(duty=0.5, samples=[0.95] * 3, running=False, since=10.0, pause_rate=1000.0, run_rate=950.0)
+    assert not tick(dc, 10.02, free=False, auditor_live=False)
+    assert not tick(dc, 10.06, free=False, auditor_live=True)  # it started: still a pause (the executor stops it)
+    assert dc.spoiled and abs(dc.ran - 0.04) < 1e-9 and abs(dc.cost_secs - 0.04 * 0.05) < 1e-9
+    assert not tick(dc, 10.08, free=False, auditor_live=True) and abs(dc.ran - 0.04) < 1e-9  # stopped: not charged
+    dc.window = [[(10.3, 0), (11.0, 700)]]
+    assert tick(dc, 11.1, free=False, auditor_live=True)  # the pause ends: no sample, no baseline for the next window
+    assert dc.samples == [0.95] * 3 and dc.pause_rate is None and dc.run_rate is None

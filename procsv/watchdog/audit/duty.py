@@ -25,8 +25,11 @@ machine with cores to spare and steady steps (``x`` about 0) audits at full spee
 ``procsv status``). The duty falls to what the bound says at once and rises at most :data:`UP` times a sample: noise
 then keeps the duty low rather than swinging it to 1 and back (the budget is kept, coverage given up). A
 window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
-restarted, or the auditor was not running throughout, is no sample. While the trainer is not training (restarting, finished and waiting for its last
-verdicts) or the run is finishing, the auditor runs free.
+restarted, or the auditor was not running throughout, is no sample, nor is a pause in which an auditor started: forked
+from the zygote, it runs until the executor sees it live and stops it, and its start (0.19 s in which the trainer made
+4 % of its steps, measured once) made that pause a baseline the next window read faster than, a sample of "no
+slowdown"; those seconds are charged as run. While the trainer is not training (restarting, finished and waiting for
+its last verdicts) or the run is finishing, the auditor runs free.
 
 The duty alone bounds the cost of the cycle from its estimate on, not the run's: before :data:`SAMPLES_MIN` samples
 the auditor ran half the time whatever it cost (4-5 s of the first 20 s: 1.3 % of a 20-s CPU-bound trainer's steps
@@ -108,6 +111,7 @@ class DutyCycle:
     # they were charged (at the first bound, charged again at it if it is lower: they are the windows it was measured on)
     last_tick: Optional[float] = None  # when the last tick was (the account adds the time since, as it was)
     measured: bool = False  # the pause now gave its rate (it goes on past its end while the account says so)
+    live: bool = False  # whether an auditor was live at the last tick (one live now and not then has just started)
 
     @property
     def slowdown(self) -> Optional[float]:
@@ -199,12 +203,15 @@ class DutyCycle:
     def tick(self, now: float, free: bool, auditor_live: bool) -> bool:
         """Whether the auditor runs from ``now`` on; ends the window when it is due (its rate a sample). ``free``:
         the trainer is not training or the run is finishing: run, and start measuring afresh after.
-        ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample."""
-        if self.running and not auditor_live:
-            self.spoiled = True
+        ``auditor_live``: an auditor runs (or is stopped) now; a run window without one throughout is no sample, nor
+        a pause in which one started (it ran, forked, until the executor stopped it: the seconds since the last tick
+        are charged as run)."""
+        started, self.live = auditor_live and not self.live, auditor_live
+        if (self.running and not auditor_live) or started:
+            self.spoiled = True  # (a pause an auditor started in: it ran from its fork until the executor stopped it)
         if self.last_tick is not None and self.since is not None and not free and now > self.last_tick:
             self.trained += now - self.last_tick  # the account: the time since the last tick, as the cycle had it
-            if self.running and auditor_live:
+            if (self.running or started) and auditor_live:
                 self.ran += now - self.last_tick
                 self.cost_secs += (now - self.last_tick) * self.charge
                 if self.bound is None:
