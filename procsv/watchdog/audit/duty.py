@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from functools import lru_cache
 from math import comb
 from typing import Optional
 
@@ -75,7 +76,7 @@ WINDOW_STEPS = 10  # a window is at least this many of the trainer's steps long 
 START_DUTY = 0.5  # before SAMPLES_MIN samples: a run window, then as long a pause
 MIN_DUTY = 0.02
 SAMPLES = 9  # the samples the slowdown is the median of, and its bound an order statistic of
-MISS = 0.1  # how often at most the bound may fall below the slowdown's median (the rank: :func:`rank`)
+MISS = 0.1  # the chance at most that the bound reads below the samples' true median slowdown (:func:`rank`)
 UP = 2.0  # the duty rises at most this many times a sample (it falls to what the estimate says at once): a noisy
 # estimate swings between "costs nothing" and "costs 8 %" (helper-100: the duty flipped 0.049 <-> 1.0 a sample)
 SAMPLES_MIN = 3  # the duty stays START_DUTY until this many
@@ -124,7 +125,7 @@ class DutyCycle:
     @property
     def bound(self) -> Optional[float]:
         """An upper bound of the slowdown, at least 0: one minus the :func:`rank`-th lowest of the last
-        :data:`SAMPLES` samples (the second lowest of seven), or None before :data:`SAMPLES_MIN` samples. What the
+        :data:`SAMPLES` samples (the third lowest of nine), or None before :data:`SAMPLES_MIN` samples. What the
         duty is set by and the account charges."""
         if len(self.samples) < SAMPLES_MIN:
             return None
@@ -245,10 +246,12 @@ class DutyCycle:
         return True
 
 
+@lru_cache(maxsize=None)
 def rank(n: int) -> int:
     """Which of ``n`` samples, lowest first, bounds the median's: the highest ``k`` with at most :data:`MISS`
     chance that fewer than ``k`` of them fall below the median (each does with chance one half, whatever the
-    noise), at least 1. Seven samples: the second lowest (a miss chance of 8/128); three to six: the lowest."""
+    noise), at least 1. Nine samples: the third lowest (a miss chance of 46/512); seven or eight: the second; three to
+    six: the lowest."""
     k = 1
     while k < n and sum(comb(n, i) for i in range(k + 1)) <= MISS * 2 ** n:
         k += 1
