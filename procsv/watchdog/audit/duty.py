@@ -26,9 +26,9 @@ machine with cores to spare and steady steps (``x`` about 0) audits at full spee
 then keeps the duty low rather than swinging it to 1 and back (the budget is kept, coverage given up). A
 window's rate leaves out the time the trainer reported work between steps (a snapshot); a window in which it
 restarted, or the auditor was not running throughout, is no sample, nor is a pause in which an auditor started: forked
-from the zygote, it runs until the executor sees it live and stops it, and its start (0.19 s in which the trainer made
-4 % of its steps, measured once) made that pause a baseline the next window read faster than, a sample of "no
-slowdown"; those seconds are charged as run. While the trainer is not training (restarting, finished and waiting for
+from the zygote, it runs until the executor sees it live and stops it, and its start (an auditor's first 0.19 s, in a
+run window's tail, left the trainer 4 % of its steps in one measured launch) made that pause a baseline the next
+window read faster than, a sample of "no slowdown"; those seconds are charged as run. While the trainer is not training (restarting, finished and waiting for
 its last verdicts) or the run is finishing, the auditor runs free.
 
 The duty alone bounds the cost of the cycle from its estimate on, not the run's: before :data:`SAMPLES_MIN` samples
@@ -41,8 +41,8 @@ the bound; before :data:`SAMPLES_MIN` samples :data:`PRIOR`, or the worst sample
 grows later, a trainer crowded by other work, does not make the seconds run before it dearer). A run window begins
 only if, by its end, what the audit cost stays within :data:`TARGET` of the time trained plus :data:`CREDIT` (a first
 window's, which has nothing to go by); otherwise the pause goes on. A trainer on a spare core (no slowdown) is not
-held back past its first three windows (each paid at :data:`PRIOR`, about 50 s; charged again at the first bound
-if it is lower, :meth:`DutyCycle._reprice`); one that a running auditor slows pays for them by longer pauses after.
+held back past its first three windows (each paid at :data:`PRIOR`, about 50 s; charged again at the first bound,
+:meth:`DutyCycle._reprice`); one that a running auditor slows pays for them by longer pauses after.
 
 Why the bound, not the median: the account charged the median (floored at 0), and on a loaded machine (samples
 varying by 20-60 %: ``scripts/bench_audit_within.py``) the median of a few samples read a slowdown of 0 or less as
@@ -109,7 +109,7 @@ class DutyCycle:
     ran: float = 0.0  # the account: the seconds of those an auditor was let run (a live one)
     cost_secs: float = 0.0  # the account: the trainer's seconds those cost it, each at the charge of its time
     lent: tuple[float, float] = (0.0, 0.0)  # the account: the seconds an auditor ran before the first bound, and what
-    # they were charged (at the first bound, charged again at it if it is lower: they are the windows it was measured on)
+    # they were charged (at the first bound, charged again at it: they are the windows it was measured on)
     last_tick: Optional[float] = None  # when the last tick was (the account adds the time since, as it was)
     measured: bool = False  # the pause now gave its rate (it goes on past its end while the account says so)
     live: bool = False  # whether an auditor was live at the last tick (one live now and not then has just started)
@@ -192,10 +192,12 @@ class DutyCycle:
 
     def _reprice(self) -> None:
         """At the first bound: the seconds charged before it (at :data:`PRIOR` or the worst sample then) charged again
-        at the bound if that is lower (never higher: the account has let no window in on a charge it did not pay)."""
+        at the bound, lower or higher: they are the windows it was measured on (a first window an auditor started in
+        cost the trainer 34-72 % of its steps in 6 of 21 launches measured, lent at :data:`PRIOR`); a higher one holds
+        the next windows back until it is paid."""
         x = self.bound
         if x is not None and self.lent[0] > 0.0:
-            self.cost_secs -= max(0.0, self.lent[1] - self.lent[0] * x)
+            self.cost_secs += self.lent[0] * x - self.lent[1]
             self.lent = (0.0, 0.0)
 
     def _begin(self, running: bool, since: Optional[float]) -> None:
