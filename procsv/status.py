@@ -169,8 +169,9 @@ def audit_lines(audit: Any) -> list[str]:
     if audit.get("end_waits"):
         lines.append("  the trainer finished; the run's end waits for the audit's last verdicts")
     if audit.get("slowdown") is not None and not audit.get("off"):
+        bound = f" (at most {float(audit['bound']):.1%})" if audit.get("bound") is not None else ""
         lines.append(f"  auditor runs {float(audit.get('duty') or 0):.0%} of the time: a running auditor slows the "
-                     f"trainer {float(audit['slowdown']):.1%}, so the audit costs it "
+                     f"trainer {float(audit['slowdown']):.1%}{bound}, so the audit costs it {'at most ' if bound else ''}"
                      f"{float(audit.get('cost') or 0):.2%} (budget 0.5%)"
                      + (f"; {float(audit['spent']):.2%} of its time so far" if audit.get("spent") is not None else ""))
     return lines + ([f"  audit off: {audit['off']}"] if audit.get("off") else [])

@@ -543,7 +543,7 @@ def analyse(pairs: list[tuple[Launch, Launch, float]], args: argparse.Namespace,
               f"({a.run_share:.3f}), trainer CPU ms a step run {a.cpu_ms(RUN):.3f} / pause {a.cpu_ms(PAUSE):.3f}, "
               f"auditor CPU s a s run {a.s[RUN][3] / a.s[RUN][0]:.3f}, the other processes' run "
               f"{a.s[RUN][4] / a.s[RUN][0]:.3f} / pause {a.s[PAUSE][4] / a.s[PAUSE][0]:.3f}, {audited[-1]:.0f} steps audited, the duty "
-              f"cycle's own slowdown {on.duty.get('slowdown')} spent {on.duty.get('spent')}; control: ratio "
+              f"cycle's own slowdown {on.duty.get('slowdown')} bound {on.duty.get('bound')} spent {on.duty.get('spent')}; control: ratio "
               f"{c.ratio:.4f} ({c.ci[0]:.4f}-{c.ci[1]:.4f}; plain {c.plain:.4f}), within {c.within:.4f} "
               f"({c.ci[2]:.4f}-{c.ci[3]:.4f}), CPU ms a step "
               f"{1e3 * (c.s[RUN][2] + c.s[PAUSE][2]) / (c.s[RUN][1] + c.s[PAUSE][1]):.3f}, {off_all:.1f} steps/s; "

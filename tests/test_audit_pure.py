@@ -298,6 +298,9 @@ def test_status_and_prometheus_show_the_fraction_audited_and_the_miscomputing_ho
     assert audit_lines(paced)[1] == ("  auditor runs 8% of the time: a running auditor slows the trainer 5.0%, so the "
                                      "audit costs it 0.40% (budget 0.5%)")
     assert audit_lines(dict(paced, spent=0.0031))[1] == audit_lines(paced)[1] + "; 0.31% of its time so far"
+    assert audit_lines(dict(paced, slowdown=0.03, bound=0.05))[1] == (
+        "  auditor runs 8% of the time: a running auditor slows the trainer 3.0% (at most 5.0%), so the audit costs it "
+        "at most 0.40% (budget 0.5%)")  # (the bound: what the duty cycle goes by)
     sim = Sim()
     sim.view.findings.audit, sim.view.findings.miscomputed = audit, {"h1": 1}
     registry = CollectorRegistry(auto_describe=False)

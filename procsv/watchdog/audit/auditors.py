@@ -402,7 +402,8 @@ class Auditors:
             "replaying": None if current is None or self.running is None else [current.start, current.end],
             "miscomputed": dict(self.view.findings.miscomputed), "end_waits": self.end_waits,
             "duty": round(self.duty.duty, 3), **{k: None if v is None else round(v, 4) for k, v in (
-                ("slowdown", self.duty.slowdown), ("cost", self.duty.cost), ("spent", self.duty.spent))}}
+                ("slowdown", self.duty.slowdown), ("bound", self.duty.bound), ("cost", self.duty.cost),
+                ("spent", self.duty.spent))}}
 
 
 def replayers(world: int, hosts: int, ps: bool, elastic: bool = False) -> tuple[int, Optional[str]]:
