@@ -564,6 +564,20 @@ def test_a_start_whose_send_failed_is_sent_again_until_it_goes_out_and_only_whil
     assert len(link.sent) == 3 and remote.asked == {}
 
 
+def _agent_linked(short_tmp: str, name: str) -> tuple[NodeAgent, "zmq.Context[Any]", Any, Any]:
+    """Node 1's agent (no pre-warmed trainer) in a fresh logdir, and a PAIR of sockets standing for its link to
+    node 0: (agent, context, the agent's end, node 0's end)."""
+    layout = Layout(os.path.join(short_tmp, "run"))
+    layout.create()
+    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
+                                   master_addr="127.0.0.1:1", prewarm=False))
+    ctx: zmq.Context[Any] = zmq.Context()
+    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    master.bind(f"inproc://{name}")
+    dealer.connect(f"inproc://{name}")
+    return agent, ctx, dealer, master
+
+
 def test_a_member_started_already_is_said_started_again_when_asked_again_and_node_0_takes_the_repeat_as_known(
         short_tmp) -> None:
     """The reply's half of a lost start: the agent started worker1 and said so, but its MemberStarted went down
@@ -578,14 +592,8 @@ def test_a_member_started_already_is_said_started_again_when_asked_again_and_nod
     from procsv.watchdog.children import ChildProcess
     from procsv.watchdog.multihost.remote import RemoteMembers
 
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr="127.0.0.1:1", prewarm=False))
-    ctx: zmq.Context[Any] = zmq.Context()
-    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    master.bind("inproc://node0")
-    dealer.connect("inproc://node0")
+    agent, ctx, dealer, master = _agent_linked(short_tmp, "node0")
+    layout = Layout(agent.cfg.logdir)
     member = subprocess.Popen(["sleep", "30"])
     try:
         start = StartMembers(3, [1], ["a:1", "b:1"], {})
@@ -850,14 +858,7 @@ def test_an_agents_loop_waits_for_node_0s_word_instead_of_a_blind_tick_and_keeps
     assert abs(beat_wait(10.07, 10.0, 10.071) - (10.0 + AGENT_BEAT_SECS - 10.071)) < 1e-9  # the next hello's due
     assert abs(beat_wait(10.2, 10.0, 10.201) - (TICK - 0.001)) < 1e-9  # a hello overdue (not up): a turn later
     assert beat_wait(10.0, 9.0, 10.3) == 0.0  # a long turn: no wait at all
-    layout = Layout(os.path.join(short_tmp, "run"))
-    layout.create()
-    agent = NodeAgent(LaunchConfig("procsv.examples.digits", [], layout.logdir, nnodes=2, node_rank=1,
-                                   master_addr="127.0.0.1:1", prewarm=False))
-    ctx: zmq.Context[Any] = zmq.Context()
-    dealer, master = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    master.bind("inproc://node0-idle")
-    dealer.connect("inproc://node0-idle")
+    agent, ctx, dealer, master = _agent_linked(short_tmp, "node0-idle")
     try:
         t0 = time.monotonic()
         agent._idle(dealer, 0.3)  # nothing said: the whole wait
