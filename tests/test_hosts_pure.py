@@ -10,6 +10,7 @@ with this test process as the member. The real two-host launches are in ``test_h
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -916,5 +917,52 @@ def test_a_groups_worker_waits_for_its_chiefs_server_to_listen_before_its_progra
         t0 = time.monotonic()
         assert wait_listening(f"127.0.0.1:{port}", bound=60.0)  # its chief's server up: at once, not the bound
         assert 0.15 <= time.monotonic() - t0 < 30.0
+    finally:
+        chief.close()
+
+
+_ORDER = """
+import sys
+from procsv.trainer import __main__ as trainer
+from procsv.trainer.group import chief_listening, heartbeat_bound
+said = []
+configure, wait = heartbeat_bound.configure, chief_listening.wait_listening
+heartbeat_bound.configure = lambda place: said.append("import") or False  # (TensorFlow's import, seconds when fresh)
+chief_listening.wait_listening = lambda address, *a, **k: said.append("wait " + address) or wait(address, bound=10.0)
+sys.argv = ["procsv.trainer", sys.argv[1]]
+code = trainer.main()
+print(" | ".join(said), code, sep=" ; ")
+"""
+
+
+def test_a_fresh_workers_tensorflow_import_comes_before_its_wait_for_its_chief(tmp_path) -> None:
+    """Issue 70, the worker's wait for its chief's server: a fresh worker (its own interpreter: ``--no-prewarm``,
+    the first start before the pre-warmed trainer is ready, a ``--ps`` worker's) imports TensorFlow before its program
+    (its coordination service's heartbeat bound, :mod:`procsv.trainer.group.heartbeat_bound`: seconds), and that
+    import waited for the chief's server to listen, after the chief's own import and strategy: the two imports one
+    after the other, not side by side. A real trainer process (``python -m procsv.trainer``, task 1 of a group of two)
+    whose chief's address this test listens on, the import's step recorded instead of run; the chief's task (0) and a
+    parameter-server cluster's worker wait for none."""
+    import subprocess
+    import sys
+
+    from procsv.common.spawn import free_ports
+
+    program = tmp_path / "program.py"
+    program.write_text("print('program', flush=True)\n")
+    chief = socket.socket()
+    chief.bind(("127.0.0.1", 0))
+    chief.listen()
+    addresses = [f"127.0.0.1:{chief.getsockname()[1]}", f"127.0.0.1:{free_ports(1)[0]}"]
+    try:
+        for rank, more, want in ((1, {}, f"import | wait {addresses[0]} ; 0"), (0, {}, "import ; 0"),
+                                 (1, {"PROCSV_PS": "1"}, "import ; 0")):
+            env = {k: v for k, v in os.environ.items()  # (the quick tier's guard's variable kept)
+                   if not (k.startswith("PROCSV_") and not k.startswith("PROCSV_TEST_")) and k != "TF_CONFIG"}
+            env.update(PROCSV_RANK=str(rank), PROCSV_NPROC="2", TF_CONFIG=json.dumps(
+                {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}), **more)
+            got = subprocess.run([sys.executable, "-c", _ORDER, str(program)], env=env, cwd=str(tmp_path),
+                                 capture_output=True, text=True, timeout=60)
+            assert got.stdout.splitlines()[-2:] == ["program", want], (rank, more, got.stdout, got.stderr[-2000:])
     finally:
         chief.close()

@@ -50,16 +50,20 @@ def main() -> int:
               f"{'idle (SCHED_IDLE)' if idle else 'normal (SCHED_IDLE refused)'} CPU priority", flush=True)
     else:  # the trainer processes this one replaces released what they held (a port, a lock) before the program runs
         predecessors.wait_gone(config.predecessors)
-        if config.in_group and config.place.rank > 0 and not config.place.ps:  # its chief's server up first
-            chief = chief_listening.chief_address(cluster.tf_config())
-            if chief is not None:
-                chief_listening.wait_listening(chief)
     if len(sys.argv) < 2:
         print("usage: python -m procsv.trainer TARGET [ARGS...]", file=sys.stderr)
         return 2
     target, args = sys.argv[1], sys.argv[2:]
     ctx = bootstrap.ChildContext.from_config(config)
     heartbeat_bound.configure(config.place)  # a group's: a suspension of the job is no member's death
+    # a worker's chief's server up before its program: waited for once TensorFlow is imported (configure's import,
+    # seconds in a fresh process; before, the wait came first, and a fresh worker's import began only once its chief
+    # listened, after the chief's own import and strategy)
+    if not (config.standby or config.audit is not None) and config.in_group and config.place.rank > 0 \
+            and not config.place.ps:
+        chief = chief_listening.chief_address(cluster.tf_config())
+        if chief is not None:
+            chief_listening.wait_listening(chief)
     is_path = target.endswith(".py") or os.sep in target
     sys.argv = [os.path.abspath(target) if is_path else target, *args]
     try:

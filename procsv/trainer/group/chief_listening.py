@@ -1,15 +1,16 @@
 """A group's worker waits, before its program runs, until its chief's address takes a connection.
 
-Runs in the trainer (:mod:`procsv.trainer.__main__`), before the program, in a worker (rank > 0) of a ``--nproc``
-or ``--nnodes`` group. ``MultiWorkerMirroredStrategy`` connects each worker to the coordination service its chief
-serves at its ``TF_CONFIG`` address, and the chief's strategy comes up only once every worker registered there. A
-worker that connects before the chief's server listens is refused, and gRPC waits out its reconnect backoff (1 s
-at first) before it tries again: both members' strategies came up about a second late. It happens whenever a
-worker's program starts before its chief's: a group over hosts whose other host's agent forked its member before
-node 0's pre-warmed trainer forked the chief (measured, ``scripts/bench_host_loss.py --only regroup``: each member's
-strategy up in 1.08-1.16 s in two of three regroups whose worker started first, 0.12-0.35 s in the others). A
-connection to the chief's port, tried every :data:`POLL` s, tells when it listens; the program starts then, or after
-:data:`BOUND` s in any case (a chief that never comes up is the group's failure, found as before).
+Runs in the trainer (:mod:`procsv.trainer.__main__`), before the program and after the trainer's TensorFlow import
+(:mod:`.heartbeat_bound`'s: a fresh worker's import then runs beside its chief's, not after its chief's server listens),
+in a worker (rank > 0) of a ``--nproc`` or ``--nnodes`` group. ``MultiWorkerMirroredStrategy`` connects each worker to
+the coordination service its chief serves at its ``TF_CONFIG`` address, and the chief's strategy comes up only once
+every worker registered there. A worker that connects before the chief's server listens is refused, and gRPC waits out
+its reconnect backoff (1 s at first) before it tries again: both members' strategies came up about a second late. It
+happens whenever a worker's program starts before its chief's: a group over hosts whose other host's agent forked its
+member before node 0's pre-warmed trainer forked the chief (measured, ``scripts/bench_host_loss.py --only regroup``:
+each member's strategy up in 1.08-1.16 s in two of three regroups whose worker started first, 0.12-0.35 s in the
+others). A connection to the chief's port, tried every :data:`POLL` s, tells when it listens; the program starts then,
+or after :data:`BOUND` s in any case (a chief that never comes up is the group's failure, found as before).
 """
 
 from __future__ import annotations
