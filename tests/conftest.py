@@ -26,6 +26,7 @@ from packaging.requirements import Requirement
 import longest_first
 import pyfork
 import rewrite_cache
+import yardstick
 from pyfork import run_python  # noqa: F401  (the tests' direct runs of a program: see tests/pyfork.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
         _compile_packages()
         tests = [pathlib.Path(p) for p in sorted(glob.glob(os.path.join(HERE, "test_*.py")))]
         rewrite_cache.prewrite(config, [pathlib.Path(HERE, "conftest.py"), *tests], min(os.cpu_count() or 1, 4))
+        config.pluginmanager.register(yardstick, "yardstick")  # the machine's speed beside the run's CPU
     if config.getoption("--cpu-log"):
         import cpu_profile
 
