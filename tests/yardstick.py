@@ -1,9 +1,9 @@
 """The machine's yardstick, printed at the end of a whole run: runs in the pytest controller only.
 
-The suite's minutes depend on the machine as much as on the code: on 2026-12-02 the same commit took
-17 minutes of pytest one day and 29 the next, on a machine where a fresh ``import tensorflow`` cost
-4.4 CPU-s instead of about 1.9, and a run alone could not tell the code's growth from the machine's
-speed. So at the end of a run of at least :data:`MIN_TESTS` tests (the whole suite, not the quick tier
+The suite's minutes depend on the machine as much as on the code: on 2026-12-02 the same code took
+17:41 of pytest at noon and 29:21 in the evening, on a fresh machine where a fresh ``import tensorflow``
+cost 4.4 CPU-s instead of about 1.9, and a run alone could not tell the code's growth from the
+machine's speed. So at the end of a run of at least :data:`MIN_TESTS` tests (the whole suite, not the quick tier
 and not a file or two), with every worker gone and the machine as quiet as the run leaves it, the
 controller times one fresh ``python -c "import tensorflow"`` (the unit most of the suite's CPU is
 made of: every zygote, service that loads TensorFlow and direct run pays it) and prints, in the
