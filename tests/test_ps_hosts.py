@@ -28,8 +28,10 @@ from test_ps_replicas import stepping
 
 pytestmark = pytest.mark.slow
 
-STEPS = 1000
-ARGS = ("--steps", str(STEPS), "--save-model-secs", "1", "--step-delay", "0.05")
+# 500 steps at 0.1 s (1000 at 0.05 before): the same seconds for the kills, the lost host and its new agent to
+# land in (both workers step the one global step), half the steps, each of them CPU in a worker and the ps task
+STEPS = 500
+ARGS = ("--steps", str(STEPS), "--save-model-secs", "1", "--step-delay", "0.1")
 TARGET = "procsv.examples.seeds_tf1.replicas"
 
 
