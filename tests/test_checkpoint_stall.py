@@ -230,8 +230,9 @@ def _launch_loading_forever(logdir: str, gate: str) -> tuple[subprocess.Popen, i
     tf.data iterator's variant tensor) hangs until ``gate`` exists (the fault point in the import
     thread: an import deadlocked on a lock, or blocked on a stalled filesystem). A snapshot deadline
     of 8 s (the floor is 30 s): past the loader's first sign of life, well within the test's wait.
-    Returns the launch and the service's pid, once it said it is loading."""
-    proc = launch(logdir, "--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.02",
+    Returns the launch and the service's pid, once it said it is loading. Steps of 50 ms (20 before): the tests
+    wait seconds on deadlines and TensorFlow's imports and count no step, and each step is CPU of the trainer."""
+    proc = launch(logdir, "--input", "iterator", "--steps", "1000000", "--save-steps", "10", "--step-delay", "0.05",
                   target=os.path.join(PROGRAMS, "nan_train.py"), opts=NO_STANDBY,
                   env=quiet_env(**{env.SAVE_DEADLINE: "8", env.FAULT: "checkpoint:loading", env.FAULT_GATE: gate}))
     wait_for(lambda: proc.poll() is not None or "loading TensorFlow for this commit" in _text(logdir, "checkpoint.1.log"),

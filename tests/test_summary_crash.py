@@ -25,7 +25,7 @@ EVERY_STEP = ("loss", "accuracy")  # the example logs these at every step with -
 STOPPED_SECS = 3.0  # how long the summary service stays stopped (SIGSTOP) before its SIGKILL
 # the summary service's tests restart no trainer: no hot standby prepares for a restart that never comes
 NO_TRAINER_RESTART = ("--standby", "fork")
-STEPS = 1500  # the three kills' run: its last target is below step 900
+STEPS = 900  # the three kills' run: its last target is below step 600
 # the summary service's own tests: 15 ms a step (5 before; step 100 where it was 300: the same second and a half)
 STEP_SECS = "0.015"
 
@@ -55,15 +55,17 @@ def test_three_trainer_sigkills_leave_exactly_one_value_per_step(logdir, logging
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
     # the kill moments are tied to steps, each a random step of its own stretch, all far below the
-    # run's 1500: a kill tied to wall time could come after the run had ended (under load a trainer
+    # run's STEPS: a kill tied to wall time could come after the run had ended (under load a trainer
     # can run 1000s of steps while waiting for a commit), and find the trainer gone. (3000 steps at
     # 0.002 s before, each step CPU of the trainer's and the summary service's; then 2500 with stretches
     # of 500, beside two CPU burners the third kill, which waits for the new trainer's first commit,
     # came 20-310 steps past its stretch (at 1519 and 1557); now 600 steps after the last stretch,
-    # 13.0/13.6 CPU-s -> 9.6/11.7 for the eager/in-graph runs)
-    targets = [150 + 300 * k + rng.randrange(150) for k in range(3)]
+    # 13.0/13.6 CPU-s -> 9.6/11.7 for the eager/in-graph runs; then steps of 6 ms, not 3, stretches of 200 steps, not
+    # 300, and 300 steps after the last, 900 in all: each stretch and the run's tail about as many seconds as
+    # before, in fewer steps, each CPU of the trainer and the summary service)
+    targets = [100 + 200 * k + rng.randrange(100) for k in range(3)]
     proc = launch(logdir, "--steps", str(STEPS), *logging, "--save-model-secs", "1",
-                  "--save-summaries-secs", "1", "--step-delay", "0.003")
+                  "--save-summaries-secs", "1", "--step-delay", "0.006")
     victims = []
     try:
         for target in targets:

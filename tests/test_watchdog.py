@@ -96,8 +96,9 @@ def test_a_commit_the_trainer_waited_for_counts_as_progress_though_the_watchdog_
 
 
 def test_procsv_preempt_of_the_trainer_saves_and_restarts_it(logdir):
-    # 600 steps of 10 ms at least: as long a window for the preempt after step 50 as 1500 of 4 ms, 40 % of the steps
-    proc = launch(logdir, "--steps", "600", "--step-delay", "0.01", "--save-model-secs", "1000", opts=NO_STANDBY)
+    # 300 steps of 20 ms at least: about as long a window for the preempt after step 50 as 1500 of 4 ms (then 600 of
+    # 10 ms), a fifth of the steps
+    proc = launch(logdir, "--steps", "300", "--step-delay", "0.02", "--save-model-secs", "1000", opts=NO_STANDBY)
     try:
         wait_for(lambda: (raw_status(logdir) or {}).get("step", 0) > 50, 90, what="training to start")
         out = run_python(["-m", "procsv", "preempt", logdir, "--target", "trainer"], env=quiet_env(), timeout=30)
