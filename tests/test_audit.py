@@ -1,24 +1,22 @@
 """--audit (issue 71) with real processes: a launch whose trainer has one bit of one weight flipped, eager and
 TF1 graph (a ``MonitoredTrainingSession`` loop).
 
-CPU: one digits launch of 600 steps under ``--audit every`` (checkpoints every 200 steps; the trainer sleeps
-20 ms a step) with a hot standby and six auditors at SCHED_IDLE, each a fork of the zygote replaying 200 steps,
-and 200 steps trained again after the rollback; its clean reference is conftest's shared uninterrupted run of 600 steps
-(``clean_weights``). The graph one: a
-600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps, 5 ms a step),
-six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its clean
-reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one: the
-seeds' ``Supervisor`` loop, 600 steps saved every second (5 ms a step), the bit flipped in the first interval, all
-600 steps trained again: about 10 CPU-s (measured: see the commit). The Keras one: the
-example ``fit`` (4 epochs of 45 batches, 20 ms a batch, checkpoints at each epoch's end), no hot standby, six
-auditors of 45 batches, 45 batches trained again: about 12 CPU-s; its clean reference is the plain ``fit`` the
-Keras tests share (``test_keras_fit.reference``). The group one: digits ``--nproc 2`` (``--strategy multiworker``),
-300 steps saved every 100, no standby group; five replays of 100 steps, each by a group of two auditors; 100 steps of
-both members trained again; its clean reference is the uninterrupted group run the group tests share
-(``test_group._clean_group_run``, its checkpoint of step 300). The stopped one: two digits launches of the same
-600 steps saved every 200 (6 ms a step), the first SIGTERMed as checkpoint 400 commits, the second replaying what the
-first left unjudged, then 400 steps trained again after its rollback to 200, compared with the clean run the digits
-tests share (``conftest.clean_weights``).
+CPU: the graph one: a 600-step launch of the seeds' ``MonitoredTrainingSession`` example (checkpoints every 200 steps,
+5 ms a step), six auditors of 200 steps of a two-variable graph, 200 steps trained again: about 10 CPU-s, with its
+clean reference trained in the test process (a plain ``tf.compat.v1.Session`` loop, 600 steps). The time-based one:
+the seeds' ``Supervisor`` loop, 600 steps saved every second (5 ms a step), the bit flipped in the first interval, all
+600 steps trained again: about 10 CPU-s (measured: see the commit). The Keras one: the example ``fit`` (4 epochs of 45
+batches, 20 ms a batch, checkpoints at each epoch's end), no hot standby, six auditors of 45 batches, 45 batches
+trained again: about 12 CPU-s; its clean reference is the plain ``fit`` the Keras tests share
+(``test_keras_fit.reference``). The group one: digits ``--nproc 2`` (``--strategy multiworker``), 300 steps saved
+every 100, no standby group; five replays of 100 steps, each by a group of two auditors; 100 steps of both members
+trained again; its clean reference is the uninterrupted group run the group tests share
+(``test_group._clean_group_run``, its checkpoint of step 300). The stopped one: two digits launches of 600 steps saved
+every 200 (6 ms a step, a hot standby, six or more auditors at SCHED_IDLE, each a fork of the zygote replaying 200
+steps), the first SIGTERMed as checkpoint 400 commits, the second replaying what the first left unjudged, then 400
+steps trained again after its rollback to 200, in which a second bit flips in the last interval (400-600), caught
+after the trainer finished and 200 steps trained again: the last interval's fault had a 600-step launch of its own (20
+ms a step) before; compared with the clean run the digits tests share (``conftest.clean_weights``).
 """
 
 from __future__ import annotations
@@ -56,49 +54,21 @@ def rolled_back_when_finished(logdir: str, err: str, start: int, end: int,
     return wrong[0]
 
 
-def test_a_flipped_bit_in_the_last_interval_is_caught_after_the_trainer_finished_rolled_back_and_bit_equal(
-        logdir, clean_weights) -> None:
-    """The bit flips after step 500, in the launch's last interval (400-600): its verdict can only come after
-    the trainer's final checkpoint. Under --audit every the run does not end before it: two replays agree with
-    each other, not with the trainer; the trainer on this host is named (the audit record, its restart's cause,
-    status.json, procsv status and report) and trains again from step 400; the run ends succeeded, its weights
-    bit-equal to a clean run's. (The first interval, 0-200, begins where the trainer began: 200-400 matching shows
-    the program replays. Before, 1200 steps saved every 400, the flip after step 1000: each replay and the steps
-    trained again twice as long, with the same three intervals.)"""
-    env = quiet_env(PROCSV_FAULT="trainer:bitflip:500")
-    code, out, err = finish(launch(logdir, "--steps", "600", "--save-model-secs", "1000",
-                                   "--save-checkpoint-steps", "200", "--step-delay", "0.02",
-                                   opts=("--audit", "every"), env=env), timeout=300)
-    assert code == 0, err[-3000:]
-    wrong = rolled_back_when_finished(logdir, err, 400, 600)
-    host = wrong["host"]
-    audits = [(e["verdict"], e["start"], e["end"]) for e in lifecycle(logdir) if e["event"] == "audit"]
-    first = [a for a in audits if a[0] in ("mismatch", "trainer")]
-    assert first[:2] == [("mismatch", 400, 600), ("trainer", 400, 600)], audits  # the first replay said at once
-    assert "procsv: audit: a replay of steps 400-600 differs from the trainer's checkpoint" in err
-    assert ("match", 200, 400) in audits and ("match", 400, 600) in audits, audits  # ... and again after it
-    assert any("kernel" in d or "_trainable_variables" in d for d in wrong["differ"]), wrong
-    st = status_json(logdir)
-    assert st["audit"]["verdicts"]["trainer"] == 1 and st["spikes"]["transient_faults"] == {host: 1}
-    shown = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=120)
-    assert re.search(rf"audit \(every\): .*computed wrongly \(rolled back\), by host: {re.escape(host)} 1",
-                     shown.stdout), shown.stdout
-    shown = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=120)
-    assert "1 rollback(s) by an audit" in shown.stdout and f"audit: host {host} computed" in shown.stdout, shown.stdout
-    a, b = clean_weights, final_weights(logdir)  # (conftest's uninterrupted run of 600 steps)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollback"
-
-
-def test_a_fault_whose_verdict_a_stop_cut_off_is_caught_by_the_next_launch_rolled_back_and_bit_equal(
+def test_a_fault_whose_verdict_a_stop_cut_off_and_one_in_the_last_interval_are_caught_rolled_back_and_bit_equal(
         logdir, clean_weights) -> None:
     """The field's preemption: the bit flips after step 250 and the launch is stopped (SIGTERM, as Slurm or
     Kubernetes stop it) as soon as checkpoint 400 commits, long before the two replays of 200-400 can agree. Before,
     the next launch resumed the stop's checkpoint, the wrong state, and audited only its own commits: the fault
     passed for good. Now the stopped launch leaves its unjudged intervals to the next (``.procsv/audit.json``): the
     next launch replays them first, finds 200-400 computed wrongly, rolls its trainer back to step 200, quarantines
-    every checkpoint after it (the stopped launch's among them) and ends succeeded, bit-equal to a clean run."""
+    every checkpoint after it (the stopped launch's among them).
+
+    Then (one launch for both: before, the last interval's fault had a 600-step launch of its own) the trainer
+    rolled back to 200 flips a bit after step 500, in the launch's last interval (400-600): its verdict can only come
+    after the trainer's final checkpoint. Under --audit every the run does not end before it: two replays agree with
+    each other, not with the trainer; the trainer on this host is named (the audit record, its restart's cause,
+    status.json, procsv status and report) and trains again from step 400 (200-400 matching after the first rollback
+    shows the program replays); the run ends succeeded, its weights bit-equal to a clean run's."""
     import signal
 
     from conftest import wait_for
@@ -115,21 +85,53 @@ def test_a_fault_whose_verdict_a_stop_cut_off_is_caught_by_the_next_launch_rolle
     stopped = {e["step"] for e in first if e["event"] == "checkpoint_committed" and e["step"] > 200}
     assert 400 in stopped, stopped
 
-    code, out, err = finish(launch(logdir, *args, opts=("--audit", "every"), env=quiet_env()), timeout=300)
+    # the next launch's attempt 2 (the trainer rolled back to 200) flips a bit after its 300th step: step 500
+    code, out, err = finish(launch(logdir, *args, opts=("--audit", "every"),
+                                   env=quiet_env(PROCSV_FAULT="trainer:bitflip:300@2")), timeout=300)
     assert code == 0, err[-3000:]
     assert re.search(r"procsv: audit: steps [0-9, -]*200-400[0-9, -]*, committed by an earlier launch and not audited "
                      r"yet: replayed first", err), err[-3000:]
     events = lifecycle(logdir)[len(first):]
     wrong = [e for e in events if e["event"] == "audit" and e["verdict"] == "trainer"]
-    assert [(e["start"], e["end"]) for e in wrong] == [(200, 400)], [e for e in events if e["event"] == "audit"]
-    rolled = {s for e in events if e["event"] == "audit_quarantine" for s in e["steps"]}
+    assert [(e["start"], e["end"]) for e in wrong] == [(200, 400), (400, 600)], \
+        [e for e in events if e["event"] == "audit"]
+    quarantined = [e for e in events if e["event"] == "audit_quarantine"]
+    rolled = {s for e in quarantined if e["after"] == 200 for s in e["steps"]}
     assert stopped <= rolled and min(rolled) > 200, (stopped, rolled)
-    assert 200 in [e["step"] for e in events if e["event"] == "restored"]
+    restored = [e["step"] for e in events if e["event"] == "restored"]
+    assert 200 in restored
     assert status_json(logdir)["state"] == "succeeded"
-    a, b = clean_weights, final_weights(logdir)
+
+    # the last interval's fault, after the first rollback (what a launch of its own asserted before)
+    said = out + err
+    assert "fault injected: bit 20" in said and "flipped after step 500" in said, said[-3000:]  # (the premise)
+    host = wrong[1]["host"]
+    assert host and wrong[0]["host"] == host, wrong
+    assert f"the trainer on host {host} computed steps 400-600 wrongly" in err
+    assert "the trainer had finished; it trains again from step 400" in err
+    restarting = [e for e in events if e["event"] == "restarting"]
+    assert [e["error"] for e in restarting][-1:] == [f"audit: host {host} computed steps 400-600 wrongly"], restarting
+    assert len(restarting) == 2, restarting  # (the first: 200-400's)
+    assert restored[-2:] == [200, 400], restored  # (after the resumed step, 200 then 400)
+    audits = [(e["verdict"], e["start"], e["end"]) for e in events if e["event"] == "audit"]
+    last = [a for a in audits if a[0] in ("mismatch", "trainer") and a[1:] == (400, 600)]
+    assert last[:2] == [("mismatch", 400, 600), ("trainer", 400, 600)], audits  # the first replay said at once
+    assert "procsv: audit: a replay of steps 400-600 differs from the trainer's checkpoint" in err
+    after = audits[audits.index(("trainer", 200, 400)) + 1:]
+    assert ("match", 200, 400) in after and ("match", 400, 600) in after, audits  # ... and again after it
+    assert any("kernel" in d or "_trainable_variables" in d for d in wrong[1]["differ"]), wrong
+    st = status_json(logdir)
+    assert st["state"] == "succeeded" and st["audit"]["miscomputed"] == {host: 2}, st["audit"]  # (both faults)
+    assert st["audit"]["verdicts"]["trainer"] == 2 and st["spikes"]["transient_faults"] == {host: 2}, st
+    shown = run_python(["-m", "procsv", "status", logdir], env=quiet_env(), timeout=120)
+    assert re.search(rf"audit \(every\): .*computed wrongly \(rolled back\), by host: {re.escape(host)} 2",
+                     shown.stdout), shown.stdout
+    shown = run_python(["-m", "procsv", "report", logdir], env=quiet_env(), timeout=120)
+    assert "2 rollback(s) by an audit" in shown.stdout and f"audit: host {host} computed" in shown.stdout, shown.stdout
+    a, b = clean_weights, final_weights(logdir)  # (conftest's uninterrupted run of 600 steps)
     assert a.keys() == b.keys()
     for key in a:
-        assert (a[key] == b[key]).all(), f"{key} differs after the next launch's rollback"
+        assert (a[key] == b[key]).all(), f"{key} differs after the audit's rollbacks"
 
 
 def test_a_flipped_bit_in_one_workers_weights_is_caught_by_a_group_of_auditors_rolled_back_and_bit_equal(

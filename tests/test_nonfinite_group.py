@@ -252,35 +252,6 @@ def test_two_nan_losses_in_a_group_with_rollback_restart_the_group_twice_each_fr
 
 
 @pytest.fixture(scope="module")
-def plain_skipping_110(shared_result):
-    return plain_skipping(shared_result, "110")
-
-
-def test_a_nan_loss_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_the_group_back_too(
-        logdir, plain_skipping_110):
-    """A NaN at step 110, after the group's last snapshot, is found at the chief's final checkpoint and rolls the
-    group back too (from the snapshot of 100), bit-equal."""
-    # step 110 is after the last group snapshot (100, every 50 steps) of a 120-step run: no snapshot checks
-    # its loss before the loop ends, only the chief's final checkpoint does (before: exit 4, the group stopped
-    # and the run lost every step since its newest checkpoint on disk)
-    code, out, err = finish(launch(logdir, *MEMORY, "--steps", "120", "--nan-at-steps", "110",
-                                   opts=GROUP + ("--on-nonfinite", "rollback")))
-    assert code == 0, err
-    assert {r["step"] for r in events(logdir, "nonfinite_detected")} == {110}
-    assert [r["step"] for r in events(logdir, "step_skipped")] == [110]
-    assert len(events(logdir, "restarting")) == 1 and not events(logdir, "rolled_back")
-    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
-    restored = events(logdir, "restored")
-    assert len(restored) == 1 and restored[0]["source"] == "memory" and restored[0]["step"] == 100, restored
-    for log in ("trainer.2", "worker1.2"):
-        assert "procsv: skipping step 110 again (this run skipped it before); training on from step 111" \
-            in member_log(logdir, log), log
-    assert (raw_status(logdir) or {}).get("skipped_steps") == [110]
-    assert_bit_equal(logdir, plain_skipping_110)
-
-
-
-@pytest.fixture(scope="module")
 def local_nan_skipping_70(shared_result):
     """The final weights of a plain group_local_nan.py run of 120 steps that never applies step 70 (made once, shared).
     Its worker prepares its session with ``start_standard_services=False`` (TF's Supervisor runs them on the chief

@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from conftest import PROGRAMS, final_weights, finish, launch, quiet_env, raw_status, wait_for, wait_role_pid
+from conftest import PROGRAMS, finish, launch, quiet_env, raw_status, wait_for, wait_role_pid
 from test_group import GROUP, K, assert_bit_equal, events, group_started, sigkill_mid_interval
 from test_standby_group import standby_group_ready
 
@@ -24,33 +24,42 @@ pytestmark = pytest.mark.slow  # starts TensorFlow processes: not in the quick t
 # SB's group at 100 ms a step, not 40: these runs wait for standby groups to be ready (seconds, more under load)
 # while the group steps on, and a group step costs ~11 ms of CPU (both members), a sleep none
 SB_SLOW = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.1", "--print-every-steps", "1")
-# late enough for the standby group to be ready before it (asserted), early enough to end soon: 180 steps of
-# SB_SLOW, later than the 360 of SB it was before
-NAN_AT = 180
-STEPS = 220  # found at the group's snapshot of step 200 (every K = 50), rolled back to that of 150, on to the end
+# late enough for the standby group to be ready before it (asserted), early enough to end soon: 90 steps of 200 ms
+# (18 s) before it, not 160 of SB_SLOW (16 s; 220 steps, the NaN at 180, found at the group's snapshot of step 200):
+# the NaN at 110, after the group's last snapshot (100, every K = 50), is found at the final checkpoint and rolled
+# back to the snapshot of 100: 100 group steps fewer (~11 ms of CPU each, both members). The same launch is the
+# final checkpoint's finding's (before, a launch of its own in test_nonfinite_group.py, compared with the plain
+# run this one is: one launch and one plain group run fewer in a session)
+NAN_AT = 110
+STEPS = 120
+NAN_RUN = ("--strategy", "multiworker", "--save-model-secs", "1000", "--step-delay", "0.2", "--print-every-steps", "1")
 
 
 @pytest.fixture(scope="module")
 def plain_skipping_late(shared_result):
-    """The final weights of a plain group run of STEPS steps that never applies step NAN_AT (made once)."""
+    """The final weights of a plain group run of STEPS steps that never applies step NAN_AT (made once per session:
+    ``test_nonfinite_group.plain_skipping``)."""
+    from test_nonfinite_group import plain_skipping
 
-    def produce(folder: str) -> None:
-        code, out, err = finish(launch(folder, "--strategy", "multiworker", "--save-model-secs", "1000",
-                                       "--step-delay", "0", "--steps", str(STEPS), "--skip-steps", str(NAN_AT),
-                                       opts=GROUP + ("--standby", "fork")))
-        assert code == 0, err
-
-    return final_weights(shared_result(f"group-skip-{NAN_AT}-of-{STEPS}", produce))
+    return plain_skipping(shared_result, str(NAN_AT))
 
 
-def test_a_nan_rollback_with_the_standby_group_ready_skips_the_step_and_ends_bit_equal(logdir, plain_skipping_late):
-    """A group rollback that promotes a standby group forked before the NaN still skips the step, and the run ends
-    bit-equal."""
+def test_a_nan_after_the_groups_last_snapshot_found_at_the_final_checkpoint_rolls_back_a_group_whose_standby_group_was_ready_skipping_it_bit_equal(  # noqa: E501
+        logdir, plain_skipping_late):
+    """A NaN at step 110, after the group's last snapshot, is found at the chief's final checkpoint and rolls the
+    group back too (from the snapshot of 100). The group rollback promotes a standby group forked before the NaN:
+    it still skips the step, and the run ends bit-equal. (One run for both: before, the final checkpoint's finding
+    had a launch of its own in ``test_nonfinite_group.py``, no standby group prepared.)"""
+    from test_nonfinite_group import member_log
+
+    # step 110 is after the last group snapshot (100, every 50 steps) of a 120-step run: no snapshot checks
+    # its loss before the loop ends, only the chief's final checkpoint does (before: exit 4, the group stopped
+    # and the run lost every step since its newest checkpoint on disk); its restart is not forced (found at a K-th
+    # step, the group would roll back in place, promoting nothing): found at the final checkpoint, it restarts
     # the standby group was forked before the NaN, with the PROCSV_SKIP_STEPS of that time (none): a group
     # rollback that promotes it restarts a group that does not know the step it must skip
-    # (the group's restart forced: found at a K-th step, the group would roll back in place, promoting nothing)
-    proc = launch(logdir, *SB_SLOW, "--steps", str(STEPS), "--nan-at-steps", str(NAN_AT),
-                  opts=GROUP + ("--on-nonfinite", "rollback"), env=quiet_env(PROCSV_GROUP_ROLLBACK="restart"))
+    proc = launch(logdir, *NAN_RUN, "--steps", str(STEPS), "--nan-at-steps", str(NAN_AT),
+                  opts=GROUP + ("--on-nonfinite", "rollback"))
     try:
         group_started(logdir, 1)
         standby_group_ready(logdir, 2)
@@ -59,8 +68,18 @@ def test_a_nan_rollback_with_the_standby_group_ready_skips_the_step_and_ends_bit
     finally:
         code, out, err = finish(proc, timeout=300)
     assert code == 0, err
+    assert {r["step"] for r in events(logdir, "nonfinite_detected")} == {NAN_AT}
     assert [r["step"] for r in events(logdir, "step_skipped")] == [NAN_AT], err
-    assert len(events(logdir, "restarting")) == 1, err
+    assert len(events(logdir, "restarting")) == 1 and not events(logdir, "rolled_back"), err
+    assert {e["role"] for e in events(logdir, "spawned") if e["attempt"] == 2 and e["via"] == "standby"} == \
+        {"trainer", "worker1"}  # (the standby group promoted)
+    assert [r.get("code") for r in events(logdir, "exited") if r["role"] == "trainer"] == [5, 0]
+    restored = events(logdir, "restored")
+    assert len(restored) == 1 and restored[0]["source"] == "memory" and restored[0]["step"] == 100, restored
+    for log in ("trainer.2", "worker1.2"):
+        assert f"procsv: skipping step {NAN_AT} again (this run skipped it before); training on from step " \
+            f"{NAN_AT + 1}" in member_log(logdir, log), log
+    assert (raw_status(logdir) or {}).get("skipped_steps") == [NAN_AT]
     assert_bit_equal(logdir, plain_skipping_late)
 
 
