@@ -37,12 +37,18 @@ def _cpu(usage: resource.struct_rusage) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def import_cpu() -> float:
-    """CPU seconds (user + system) of one fresh Python process that imports TensorFlow and exits."""
+def import_cpu() -> float | str:
+    """CPU seconds (user + system) of one fresh Python process that imports TensorFlow and exits, or why
+    there is no figure (a measuring aid never fails the run it measures)."""
     before = _cpu(resource.getrusage(resource.RUSAGE_CHILDREN))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "the import took more than 300 s"
+    if done.returncode != 0:
+        return f"the import exited {done.returncode}"
     return _cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - before
 
 
@@ -54,6 +60,8 @@ def line(tests: int, quick: bool) -> str | None:
     started = time.monotonic()
     unit = import_cpu()
     load = os.getloadavg()[0]
+    if isinstance(unit, str):
+        return f"yardstick: none ({unit}, load {load:.1f}); this run {run_cpu:,.0f} CPU-s"
     return (f"yardstick: a fresh `import tensorflow` took {unit:.2f} CPU-s ({time.monotonic() - started:.1f} s, "
             f"load {load:.1f}); this run {run_cpu:,.0f} CPU-s ({run_cpu / unit:,.0f} imports' worth)")
 
